@@ -1,0 +1,27 @@
+# Two commands do all the set-up on a machine with Python >= 3.10 and pip:
+#   make test   creates .venv on first use, installs the lab, runs the suite
+#   make run    creates .venv if needed and runs the lab's main job
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: test run checks bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -q -n 2
+
+run: $(STAMP)
+	$(PY) -m checks
+
+checks: $(STAMP)
+	$(PY) -m checks
+
+clean:
+	rm -rf $(VENV) results .pytest_cache

@@ -1,0 +1,11 @@
+"""The comparison engine, the registry pairing kernels with oracles, and the check table.
+
+``jax_enable_x64`` is switched on here, once, where the checks start: the oracle runs in float64.
+"""
+import jax
+
+jax.config.update("jax_enable_x64", True)
+
+from checks.engine import Report, TensorResult, check_layer, format_table  # noqa: E402
+
+__all__ = ["Report", "TensorResult", "check_layer", "format_table"]

@@ -1,0 +1,153 @@
+"""One row per layer: the suite, the table and the calibration all enrol every row.
+
+A row pairs a kernel's forward/backward with its oracle and says how to make inputs:
+``make(rng, dtype, sizes) -> (inputs, params)`` or ``(inputs, params, static)``, drawn from the
+row's input domain (clear of kinks such as leaky ReLU at 0).  Integer inputs (ids, targets) are
+never differentiated; ``nondiff`` names further inputs that are not.  ``axes`` names the axes of
+each tensor so a failure can say where it is.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import numpy as np
+
+import kernels
+import reference
+
+# Small enough that every tensor also gets an element-wise finite-difference check, with S != T
+# and V != D so that transposed or swapped gradients cannot pass by accident.
+DEFAULT_SIZES = {"B": 2, "T": 5, "S": 3, "D": 8, "H": 2, "F": 12, "V": 6}
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    name: str
+    forward: Callable
+    backward: Callable
+    oracle: Callable
+    make: Callable
+    static: dict = dataclasses.field(default_factory=dict)
+    nondiff: tuple = ()
+    input_names: tuple = ("x",)
+    axes: dict = dataclasses.field(default_factory=dict)
+
+    def case(self, rng, dtype, sizes=None):
+        """(inputs, params, static) for one check at the given sizes."""
+        made = self.make(rng, np.dtype(dtype), {**DEFAULT_SIZES, **(sizes or {})})
+        inputs, params = made[0], made[1]
+        static = {**self.static, **(made[2] if len(made) > 2 else {})}
+        return list(inputs), params, static
+
+
+def normal(rng, shape, dtype, scale=1.0):
+    return (scale * rng.standard_normal(shape)).astype(dtype)
+
+
+def away_from_zero(rng, shape, dtype, margin=0.1):
+    """Normal values pushed at least margin away from 0 (leaky ReLU's kink)."""
+    x = rng.standard_normal(shape)
+    return (np.sign(x) * (margin + np.abs(x))).astype(dtype)
+
+
+def ids(rng, shape, V):
+    return rng.integers(0, V, size=shape)
+
+
+def attention_params(rng, dtype, s):
+    P = s["D"] // s["H"]
+    w = lambda shape: normal(rng, shape, dtype, 1 / np.sqrt(shape[-2]))
+    return {"WQ": w((s["H"], P, P)), "WK": w((s["H"], P, P)), "WV": w((s["H"], P, P)),
+            "WO": w((s["D"], s["D"]))}
+
+
+def ff_params(rng, dtype, s, x):
+    """Weights whose hidden pre-activations x W1 + b1 stay clear of leaky ReLU's kink."""
+    while True:
+        p = {"W1": normal(rng, (s["D"], s["F"]), dtype, 1 / np.sqrt(s["D"])),
+             "b1": normal(rng, (s["F"],), dtype, 0.1),
+             "W2": normal(rng, (s["F"], s["D"]), dtype, 1 / np.sqrt(s["F"])),
+             "b2": normal(rng, (s["D"],), dtype, 0.1)}
+        if np.min(np.abs(x.astype(np.float64) @ p["W1"] + p["b1"])) > 1e-3:
+            return p
+
+
+BTD = ("batch", "token", "feature")
+HEAD_W = ("head", "row", "col")
+ATTN_AXES = {"x": BTD, "z": ("batch", "key", "feature"), "WQ": HEAD_W, "WK": HEAD_W,
+             "WV": HEAD_W, "WO": ("row", "col")}
+
+
+def _x(rng, dtype, s):
+    return normal(rng, (s["B"], s["T"], s["D"]), dtype)
+
+
+def _mhca_case(rng, dtype, s):
+    return ([_x(rng, dtype, s), normal(rng, (s["B"], s["S"], s["D"]), dtype)],
+            attention_params(rng, dtype, s))
+
+
+def _ff_case(rng, dtype, s):
+    x = _x(rng, dtype, s)
+    return [x], ff_params(rng, dtype, s, x)
+
+
+def _dropout_case(rng, dtype, s):
+    x = _x(rng, dtype, s)
+    return [x], {}, {"mask": rng.random(x.shape) >= 0.25}
+
+
+ROWS = [
+    Row("embedding", kernels.embedding_forward, kernels.embedding_backward, reference.embedding,
+        lambda rng, dt, s: ([ids(rng, (s["B"], s["T"]), s["V"])],
+                            {"E": normal(rng, (s["V"], s["D"]), dt)}),
+        input_names=("ids",), axes={"E": ("token id", "feature")}),
+    Row("posenc", kernels.posenc_forward, kernels.posenc_backward, reference.posenc,
+        lambda rng, dt, s: ([_x(rng, dt, s)], {}), axes={"x": BTD}),
+    Row("rms_norm", kernels.rms_norm_forward, kernels.rms_norm_backward, reference.rms_norm,
+        lambda rng, dt, s: ([_x(rng, dt, s)], {}), axes={"x": BTD}),
+    Row("softmax", kernels.softmax_forward, kernels.softmax_backward, reference.softmax,
+        lambda rng, dt, s: ([normal(rng, (s["B"], s["T"], s["V"]), dt, 2.0)], {}),
+        axes={"x": ("batch", "token", "class")}),
+    Row("leaky_relu", kernels.leaky_relu_forward, kernels.leaky_relu_backward,
+        reference.leaky_relu,
+        lambda rng, dt, s: ([away_from_zero(rng, (s["B"], s["T"], s["F"]), dt)], {}),
+        axes={"x": ("batch", "token", "hidden")}),
+    Row("linear", kernels.linear_forward, kernels.linear_backward, reference.linear,
+        lambda rng, dt, s: ([_x(rng, dt, s)],
+                            {"W": normal(rng, (s["D"], s["V"]), dt, 1 / np.sqrt(s["D"])),
+                             "b": normal(rng, (s["V"],), dt, 0.1)}),
+        axes={"x": BTD, "W": ("row", "col"), "b": ("class",)}),
+    Row("ff", kernels.ff_forward, kernels.ff_backward, reference.ff, _ff_case,
+        axes={"x": BTD, "W1": ("row", "col"), "W2": ("row", "col"), "b1": ("hidden",),
+              "b2": ("feature",)}),
+    Row("mha", kernels.mha_forward, kernels.mha_backward, reference.mha,
+        lambda rng, dt, s: ([_x(rng, dt, s)], attention_params(rng, dt, s)), axes=ATTN_AXES),
+    Row("mha-causal", kernels.mha_forward, kernels.mha_backward, reference.mha,
+        lambda rng, dt, s: ([_x(rng, dt, s)], attention_params(rng, dt, s)),
+        static={"causal": True}, axes=ATTN_AXES),
+    Row("mhca", kernels.mhca_forward, kernels.mhca_backward, reference.mhca, _mhca_case,
+        input_names=("x", "z"), axes=ATTN_AXES),
+    Row("cross_entropy", kernels.cross_entropy_forward, kernels.cross_entropy_backward,
+        reference.cross_entropy,
+        lambda rng, dt, s: ([normal(rng, (s["B"], s["T"], s["V"]), dt, 2.0),
+                             ids(rng, (s["B"], s["T"]), s["V"])], {}),
+        input_names=("logits", "targets"), axes={"logits": ("batch", "token", "class")}),
+    Row("dropout", kernels.dropout_forward, kernels.dropout_backward, reference.dropout,
+        _dropout_case, static={"rate": 0.25}, axes={"x": BTD}),
+]
+
+BY_NAME = {row.name: row for row in ROWS}
+
+
+def run_row(row, dtype, *, seed=0, sizes=None, xp=np):
+    """Check one row at one dtype on one backend (xp: numpy or cupy)."""
+    from checks.engine import check_layer
+    rng = np.random.default_rng(seed)
+    inputs, params, static = row.case(rng, dtype, sizes)
+    inputs = [xp.asarray(x) for x in inputs]
+    params = {k: xp.asarray(v) for k, v in params.items()}
+    return check_layer(row.forward, row.backward, row.oracle, inputs, params, static=static,
+                       nondiff=row.nondiff, seed=seed, name=row.name,
+                       input_names=row.input_names)

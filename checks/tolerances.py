@@ -1,0 +1,58 @@
+"""Every tolerance of the checker, derived once from the dtype and the reduction length.
+
+Notation: u is the unit roundoff of the dtype (2^-24 for float32, 2^-53 for float64); k is the
+reduction length, the number of terms that can be summed into one output or gradient element.
+
+1. Hand vs autodiff, and the forward vs the oracle.  A sum of k rounded products has an error
+   of about sqrt(k) * u relative to the sum of its terms' magnitudes when rounding errors behave
+   like independent random variables (Higham & Mary 2019; the worst case is k * u).  A layer
+   chains a handful of such operations and the softmax and the normalisation pass their relative
+   errors on with a factor of order one, so we allow
+
+        tol(dtype, k) = SAFETY * sqrt(k) * u(dtype),     SAFETY = 64,
+
+   measured normwise: max |hand - autodiff| / max |autodiff|.  Normwise, because an element that
+   cancels to nearly zero carries an absolute, not a relative, error.  The oracle always runs in
+   float64, so in a float32 check u is float32's: it is the hand kernel's rounding we bound.
+   SAFETY was calibrated with ``python -m checks calibrate`` (many seeds and random shapes):
+   correct kernels stay well inside it (see docs/tolerances.md for the observed margins), while
+   every classic bug of the zoo is off by a factor of order one.
+
+2. Central finite differences, always in float64.  With step h the error of
+   (L(x + h v) - L(x - h v)) / 2h is  h^2 |L'''| / 6  (truncation)  +  u |L| / h  (rounding).
+   The step that balances them is h = u^(1/3) times the scale of x, leaving an error of order
+   u^(2/3) ~ 4e-11 in float64.  Third derivatives of the softmax and of the normalisation are of
+   order ten at our input scales, and the rounding term is measured from the actual values
+   (sum |f * dout|), so the finite-difference tolerance is
+
+        fd_tol = FD_SAFETY * u64^(2/3) + 4 * u64 * sum|f * dout| / (h * scale),   FD_SAFETY = 1e4,
+
+   about 2e-7 relative to scale = |g| |v|, the natural size of a directional derivative.
+   A leg pair is said to agree when its error is within the larger of the tolerances involved.
+"""
+import numpy
+
+SAFETY = 64.0
+FD_SAFETY = 1e4
+U64 = float(numpy.finfo(numpy.float64).eps) / 2
+
+
+def unit_roundoff(dtype):
+    """u = eps / 2 of a floating dtype."""
+    return float(numpy.finfo(dtype).eps) / 2
+
+
+def grad_tol(dtype, k):
+    """Normwise relative tolerance of a hand result (gradient or forward) of the given dtype."""
+    return SAFETY * numpy.sqrt(max(int(k), 1)) * unit_roundoff(dtype)
+
+
+def fd_step(scale):
+    """Central-difference step for a float64 tensor of typical magnitude scale: u^(1/3) rule."""
+    return U64 ** (1 / 3) * max(1.0, float(scale))
+
+
+def fd_tol(rounding_abs, h, scale):
+    """Relative tolerance of a float64 central difference (see the module docstring)."""
+    scale = max(scale, numpy.finfo(numpy.float64).tiny)
+    return FD_SAFETY * U64 ** (2 / 3) + 4 * U64 * rounding_abs / (h * scale)

@@ -1,0 +1,37 @@
+"""Sparse cross-entropy on logits with integer targets, mean over every position."""
+from typing import NamedTuple
+
+from kernels.backend import array_module, check_float, check_ids, check_params
+
+
+class CrossEntropyCache(NamedTuple):
+    probs: object    # (..., V) softmax of the logits
+    targets: object  # (...) integer targets
+
+
+def cross_entropy_forward(logits, targets, params):
+    """loss = mean over positions of -log softmax(logits)[target].  logits: (..., V)."""
+    check_float("logits", logits)
+    check_ids("targets", targets, logits.shape[-1])
+    if tuple(targets.shape) != tuple(logits.shape[:-1]):
+        raise ValueError(f"targets: expected shape {tuple(logits.shape[:-1])} (logits without V), "
+                         f"got {tuple(targets.shape)}")
+    check_params("cross_entropy", params, {}, logits.dtype)
+    xp = array_module(logits)
+    shifted = logits - logits.max(axis=-1, keepdims=True)                 # (..., V)
+    log_z = xp.log(xp.exp(shifted).sum(axis=-1, keepdims=True))            # (..., 1)
+    log_p = shifted - log_z                                                # (..., V) log-softmax
+    picked = xp.take_along_axis(log_p, targets[..., None], axis=-1)        # (..., 1)
+    loss = -picked.mean()                                                  # () scalar
+    return loss, CrossEntropyCache(xp.exp(log_p), targets)
+
+
+def cross_entropy_backward(dloss, cache):
+    """dlogits = dloss * (softmax - onehot) / N, N = number of positions (B * T)."""
+    xp = array_module(cache.probs)
+    probs, targets = cache
+    V = probs.shape[-1]
+    onehot = targets[..., None] == xp.arange(V)                 # (..., V) boolean
+    scale = xp.asarray(dloss, dtype=probs.dtype) / targets.size  # () upstream over N positions
+    dlogits = (probs - onehot) * scale                           # (..., V)
+    return (dlogits, None), {}  # targets are not differentiable

@@ -1,0 +1,12 @@
+"""The lab's layers in jax.numpy, forward only: the autodiff oracle.
+
+Same function names as ``kernels`` without the ``_forward`` suffix, same parameter names and
+shapes.  Gradients always come from ``jax.vjp`` / ``jax.grad``, never written by hand.  This
+package imports nothing from ``kernels``: an oracle that shared the kernels' code would share
+their bugs.
+"""
+from reference.layers import (cross_entropy, dropout, embedding, ff, leaky_relu, linear, mha,
+                              mhca, posenc, rms_norm, softmax)
+
+__all__ = ["cross_entropy", "dropout", "embedding", "ff", "leaky_relu", "linear", "mha", "mhca",
+           "posenc", "rms_norm", "softmax"]

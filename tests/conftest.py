@@ -1,0 +1,25 @@
+"""Backends for the suite: NumPy always, CuPy (marker ``gpu``) where a CUDA device answers."""
+import numpy as np
+import pytest
+
+import checks  # noqa: F401  (switches JAX to float64 before any oracle runs)
+
+
+def _cupy_or_none():
+    try:
+        import cupy
+        cupy.cuda.runtime.getDeviceCount()
+        return cupy
+    except Exception:
+        return None
+
+
+CUPY = _cupy_or_none()
+BACKENDS = [pytest.param(np, id="numpy"),
+            pytest.param(CUPY, id="cupy", marks=[pytest.mark.gpu, pytest.mark.skipif(
+                CUPY is None, reason="CuPy with a CUDA device is not available")])]
+
+
+@pytest.fixture(params=BACKENDS)
+def xp(request):
+    return request.param
