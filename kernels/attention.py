@@ -2,46 +2,45 @@
 
 The input (B, T, D) is split into H heads of width P = D / H *before* projecting; head h has its
 own P x P matrices W_Q[h], W_K[h], W_V[h], so those have shape (H, P, P).  Heads are concatenated
-back to (B, T, D) and multiplied by W_O (D, D).  No biases.  The decoder's causal mask adds -1e9
-above the diagonal of the logits.  Self-attention is cross-attention of a stream with itself.
+back to (B, T, D) and multiplied by W_O (D, D).  No biases.  The decoder's causal mask hides the
+keys after each query (the article adds -1e9 to their logits; see activations.softmax_rows).
+Self-attention is cross-attention of a stream with itself.
+
+Inside, heads come first: (H, B, T, P).  The per-head projections are then H matrix products of
+(B*T, P) by (P, P), and every batched product runs over contiguous (H, B) stacks.
 """
 import math
 from typing import NamedTuple
 
-from kernels.activations import softmax_rows_backward
+from kernels.activations import softmax_rows, softmax_rows_backward
 from kernels.backend import array_module, check_float, check_params
-
-MASK_VALUE = -1e9
 
 
 def split_heads(x, H):
-    """(B, T, D) -> (B, H, T, P)."""
+    """(B, T, D) -> (H, B*T, P), a view: head h holds features h*P ... (h+1)*P - 1."""
     B, T, D = x.shape
-    return x.reshape(B, T, H, D // H).transpose(0, 2, 1, 3)
+    return x.reshape(B * T, H, D // H).transpose(1, 0, 2)
 
 
-def merge_heads(x):
-    """(B, H, T, P) -> (B, T, D), contiguous."""
-    B, H, T, P = x.shape
-    return x.transpose(0, 2, 1, 3).reshape(B, T, H * P)
+def merge_heads(x_h, B):
+    """(H, B*T, P) or (H, B, T, P) -> (B, T, D), contiguous: the heads concatenated."""
+    H, P = x_h.shape[0], x_h.shape[-1]
+    return x_h.reshape(H, -1, P).transpose(1, 0, 2).reshape(B, -1, H * P)
 
 
-def per_head_weight_grad(x_h, d_h):
-    """sum over batch and tokens of x_h^T d_h, per head: (B, H, T, P) x (B, H, T, P) -> (H, P, P)."""
-    B, H, T, P = x_h.shape
-    xt = x_h.transpose(1, 3, 0, 2).reshape(H, P, B * T)  # (H, P, B*T)
-    dd = d_h.transpose(1, 0, 2, 3).reshape(H, B * T, P)  # (H, B*T, P)
-    return xt @ dd                                        # (H, P, P)
+def causal_keep(T, dtype, xp):
+    """(T, T) 1 on and below the diagonal (keys a query may see), 0 above."""
+    return xp.tri(T, dtype=dtype)
 
 
 class AttentionCache(NamedTuple):
-    xq_h: object    # (B, H, T, P) query stream split into heads
-    xkv_h: object   # (B, H, S, P) key/value stream split into heads
-    q: object       # (B, H, T, P)
-    k: object       # (B, H, S, P)
-    v: object       # (B, H, S, P)
-    a: object       # (B, H, T, S) attention weights (zero where masked)
-    heads: object   # (B, T, D) concatenated head outputs, for dW_O
+    xq_h: object    # (H, B*T, P) query stream split into heads (a view of the input)
+    xkv_h: object   # (H, B*S, P) key/value stream split into heads
+    q: object       # (H, B, T, P)
+    k: object       # (H, B, S, P)
+    v: object       # (H, B, S, P)
+    a: object       # (H, B, T, S) attention weights (zero where masked)
+    heads: object   # (B*T, D) concatenated head outputs, for dW_O
     params: dict    # the weights, for the input gradients
 
 
@@ -72,45 +71,42 @@ def _attention_forward(x, z, params, *, causal=False):
     """Queries from x (B, T, D), keys and values from z (B, S, D) -> (B, T, D)."""
     H = _check_attention(x, z, params, causal)
     xp = array_module(x)
-    xq_h, xkv_h = split_heads(x, H), split_heads(z, H)     # (B, H, T, P), (B, H, S, P)
-    q = xq_h @ params["WQ"]                                 # (B, H, T, P) x (H, P, P) -> (B, H, T, P)
-    k = xkv_h @ params["WK"]                                # (B, H, S, P)
-    v = xkv_h @ params["WV"]                                # (B, H, S, P)
-    P = q.shape[-1]
-    logits = (q @ k.transpose(0, 1, 3, 2)) * x.dtype.type(1 / math.sqrt(P))  # (B, H, T, S)
-    if causal:
-        T = x.shape[1]
-        above = xp.triu(xp.ones((T, T), dtype=bool), k=1)   # (T, T) keys after the query
-        logits = logits + xp.where(above, x.dtype.type(MASK_VALUE), x.dtype.type(0))
-    logits = logits - logits.max(axis=-1, keepdims=True)     # (B, H, T, S) for overflow safety
-    e = xp.exp(logits)
-    a = e / e.sum(axis=-1, keepdims=True)                    # (B, H, T, S) softmax over keys
-    heads = merge_heads(a @ v)                               # (B, H, T, P) -> (B, T, D)
-    out = heads @ params["WO"]                               # (B, T, D)
+    (B, T, D), S = x.shape, z.shape[1]
+    P = D // H
+    xq_h, xkv_h = split_heads(x, H), split_heads(z, H)          # (H, B*T, P), (H, B*S, P)
+    q = (xq_h @ params["WQ"]).reshape(H, B, T, P)               # (H, B*T, P) x (H, P, P) -> (H, B, T, P)
+    k = (xkv_h @ params["WK"]).reshape(H, B, S, P)              # (H, B, S, P)
+    v = (xkv_h @ params["WV"]).reshape(H, B, S, P)              # (H, B, S, P)
+    logits = q @ k.transpose(0, 1, 3, 2)                        # (H, B, T, S)
+    logits *= x.dtype.type(1 / math.sqrt(P))                    # the 1/sqrt(P) scaling
+    a = softmax_rows(logits, causal_keep(T, x.dtype, xp) if causal else None)  # (H, B, T, S)
+    heads = merge_heads(a @ v, B).reshape(B * T, D)             # (H, B, T, P) -> (B*T, D)
+    out = (heads @ params["WO"]).reshape(B, T, D)               # (B, T, D)
     return out, AttentionCache(xq_h, xkv_h, q, k, v, a, heads, params)
 
 
 def _attention_backward(dout, cache):
-    """Gradients into the query stream x, the key/value stream z, and the four weights."""
+    """Head-space gradients of both streams, (H, B*T, P) and (H, B*S, P), and the weights."""
     xq_h, xkv_h, q, k, v, a, heads, params = cache
-    B, T, D = dout.shape
-    H, P = q.shape[1], q.shape[-1]
-    dWO = heads.reshape(-1, D).T @ dout.reshape(-1, D)        # (D, D) sum over B*T of heads^T dout
-    dheads = split_heads(dout @ params["WO"].T, H)            # (B, H, T, P)
-    da = dheads @ v.transpose(0, 1, 3, 2)                     # (B, H, T, S) through a @ v
-    dv = a.transpose(0, 1, 3, 2) @ dheads                     # (B, H, S, P) through a @ v
-    dlogits = softmax_rows_backward(da, a)                    # (B, H, T, S); zero where masked (a = 0)
-    dlogits = dlogits * dout.dtype.type(1 / math.sqrt(P))     # the 1/sqrt(P) scaling
-    dq = dlogits @ k                                          # (B, H, T, P) through q k^T
-    dk = dlogits.transpose(0, 1, 3, 2) @ q                    # (B, H, S, P) through q k^T
-    grads = {"WQ": per_head_weight_grad(xq_h, dq),            # (H, P, P)
-             "WK": per_head_weight_grad(xkv_h, dk),           # (H, P, P)
-             "WV": per_head_weight_grad(xkv_h, dv),           # (H, P, P)
+    H, B, T, P = q.shape
+    S, D = k.shape[2], H * P
+    dout2 = dout.reshape(B * T, D)                                  # (B*T, D)
+    dWO = heads.T @ dout2                                           # (D, D) sum over B*T of heads^T dout
+    dheads = split_heads((dout2 @ params["WO"].T).reshape(B, T, D), H).reshape(H, B, T, P)
+    da = dheads @ v.transpose(0, 1, 3, 2)                           # (H, B, T, S) through a @ v
+    dv = (a.transpose(0, 1, 3, 2) @ dheads).reshape(H, B * S, P)    # (H, B*S, P) through a @ v
+    dlogits = softmax_rows_backward(da, a)                          # (H, B, T, S); 0 where masked (a = 0)
+    dlogits *= dout.dtype.type(1 / math.sqrt(P))                    # the 1/sqrt(P) scaling
+    dq = (dlogits @ k).reshape(H, B * T, P)                         # (H, B*T, P) through q k^T
+    dk = (dlogits.transpose(0, 1, 3, 2) @ q).reshape(H, B * S, P)   # (H, B*S, P) through q k^T
+    grads = {"WQ": xq_h.transpose(0, 2, 1) @ dq,                    # (H, P, P) sum over B*T of x_h^T dq
+             "WK": xkv_h.transpose(0, 2, 1) @ dk,                   # (H, P, P)
+             "WV": xkv_h.transpose(0, 2, 1) @ dv,                   # (H, P, P)
              "WO": dWO}
-    dx = merge_heads(dq @ params["WQ"].transpose(0, 2, 1))    # (B, T, D) through xq_h W_Q
-    dz = merge_heads(dk @ params["WK"].transpose(0, 2, 1)     # (B, S, D) through xkv_h W_K ...
-                     + dv @ params["WV"].transpose(0, 2, 1))  # ... and through xkv_h W_V
-    return (dx, dz), grads
+    dxq_h = dq @ params["WQ"].transpose(0, 2, 1)                    # (H, B*T, P) through xq_h W_Q
+    dxkv_h = dk @ params["WK"].transpose(0, 2, 1)                   # (H, B*S, P) through xkv_h W_K ...
+    dxkv_h += dv @ params["WV"].transpose(0, 2, 1)                  # ... and through xkv_h W_V
+    return dxq_h, dxkv_h, grads
 
 
 def mha_forward(x, params, *, causal=False):
@@ -120,8 +116,8 @@ def mha_forward(x, params, *, causal=False):
 
 def mha_backward(dout, cache):
     """The stream feeds queries, keys and values: its gradient is the sum of both paths."""
-    (dx, dz), grads = _attention_backward(dout, cache)
-    return dx + dz, grads
+    dxq_h, dxkv_h, grads = _attention_backward(dout, cache)
+    return merge_heads(dxq_h + dxkv_h, dout.shape[0]), grads        # (B, T, D)
 
 
 def mhca_forward(x, z, params):
@@ -131,4 +127,6 @@ def mhca_forward(x, z, params):
 
 def mhca_backward(dout, cache):
     """Gradients into both streams: (dx, dz), and the weights."""
-    return _attention_backward(dout, cache)
+    dxq_h, dxkv_h, grads = _attention_backward(dout, cache)
+    B = dout.shape[0]
+    return (merge_heads(dxq_h, B), merge_heads(dxkv_h, B)), grads   # (B, T, D), (B, S, D)
