@@ -25,3 +25,6 @@ checks: $(STAMP)
 
 clean:
 	rm -rf $(VENV) results .pytest_cache
+
+bench: $(STAMP)
+	$(PY) -m experiments bench

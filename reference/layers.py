@@ -47,7 +47,7 @@ def mhca(x, z, params, *, causal=False):
     q = jnp.einsum("bthp,hpq->bhtq", xh, params["WQ"])
     k = jnp.einsum("bshp,hpq->bhsq", zh, params["WK"])
     v = jnp.einsum("bshp,hpq->bhsq", zh, params["WV"])
-    logits = jnp.einsum("bhtp,bhsp->bhts", q, k) / np.sqrt(P)
+    logits = jnp.einsum("bhtp,bhsp->bhts", q, k) * (1.0 / float(np.sqrt(P)))  # a weak Python float keeps the dtype
     if causal:
         logits = logits + jnp.where(np.triu(np.ones((T, S), bool), k=1), -1e9, 0.0).astype(x.dtype)
     a = jax.nn.softmax(logits, axis=-1)
