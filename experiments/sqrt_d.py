@@ -1,0 +1,211 @@
+"""sqrt_d: why attention divides by sqrt(d) -- the article's study of products of random matrices.
+
+Protocol (SEED_SPEC.md, "The numerics chapter"): for each n, draw two n x n N(0, 1) matrices,
+centre each by its global mean, multiply; record the standard deviation (ddof 0) and |mean| of
+the product's entries, optionally after dividing by sqrt(n); average over the trials.  Here the
+scaled and unscaled columns come from the same draws (the article's came from different ones).
+Theory: E[s^2] = n - 3/n + 2/n^2 before scaling.  Also: the std of a dot product of length d.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+
+import numpy as np
+
+from experiments import common, studykit as kit
+
+NAME = "sqrt_d"
+ORDER = 10
+
+# The article's table (SEED_SPEC.md, "The numerics chapter"): n -> (std, |mean|, std scaled,
+# |mean| scaled), each the mean over 1000 trials.  The only published numbers this study uses.
+ARTICLE = {3: (1.37415, 0.34911, 0.77202, 0.18582),
+           16: (3.96705, 0.19906, 0.99305, 0.04576),
+           64: (7.9948, 0.10101, 0.99852, 0.01214),
+           512: (22.62789, 0.03494, 0.99998, 0.00157)}
+ARTICLE_SOURCE = "the article's table (SEED_SPEC.md)"
+CHUNK_BYTES = 1 << 24  # one batch of draws holds at most 16 MiB per matrix stack
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    sizes: tuple[int, ...] = (3, 16, 64, 512)
+    trials: int = 1000
+    loop_trials: int = 50          # trials timed with the per-trial loop, per size
+    dot_lengths: tuple[int, ...] = (4, 16, 64, 256, 1024, 4096)
+    dot_trials: int = 2000
+    seed: int = 0
+
+    def __post_init__(self):
+        kit.check_ints("sizes", self.sizes, lo=2)
+        kit.check_int("trials", self.trials, lo=2)
+        kit.check_int("loop_trials", self.loop_trials, lo=1)
+        kit.check_ints("dot_lengths", self.dot_lengths, lo=1)
+        kit.check_int("dot_trials", self.dot_trials, lo=2)
+        kit.check_int("seed", self.seed, lo=0)
+
+
+def expected_var(n):
+    """E[s^2] of the centred product's entries (ddof 0), before scaling: n - 3/n + 2/n^2."""
+    return n - 3 / n + 2 / n ** 2
+
+
+def trial_stats(A, B):
+    """Centre each matrix by its global mean, multiply, and return per-trial (std, |mean|).
+    A, B: (m, n, n) -> two (m,) arrays.  The scaled columns are these divided by sqrt(n)."""
+    A = A - A.mean(axis=(1, 2), keepdims=True)          # (m, n, n) centred
+    B = B - B.mean(axis=(1, 2), keepdims=True)          # (m, n, n)
+    C = A @ B                                           # (m, n, n)
+    return C.std(axis=(1, 2)), np.abs(C.mean(axis=(1, 2)))  # (m,), (m,)
+
+
+def vectorised(rng, n, trials):
+    """All trials of one size in as few batched draws as memory allows: (trials,) std and |mean|."""
+    chunk = max(1, CHUNK_BYTES // (8 * n * n))
+    stds, means = [], []
+    for start in range(0, trials, chunk):
+        m = min(chunk, trials - start)
+        s, mu = trial_stats(rng.standard_normal((m, n, n)), rng.standard_normal((m, n, n)))
+        stds.append(s)
+        means.append(mu)
+    return np.concatenate(stds), np.concatenate(means)  # (trials,), (trials,)
+
+
+def loop(rng, n, trials):
+    """The same work one trial at a time, as the article's loop does it (for the timing only)."""
+    out = np.empty((trials, 4))                          # (trials, 4)
+    root = math.sqrt(n)
+    for t in range(trials):
+        A, B = rng.standard_normal((n, n)), rng.standard_normal((n, n))
+        C = (A - A.mean()) @ (B - B.mean())              # (n, n)
+        out[t] = C.std(), abs(C.mean()), (C / root).std(), abs((C / root).mean())
+    return out
+
+
+def dot_product_std(rng, lengths, trials):
+    """std over trials of x . y for x, y of length d, N(0, 1): (len(lengths),)."""
+    return np.array([(rng.standard_normal((trials, d)) * rng.standard_normal((trials, d)))
+                     .sum(axis=1).std() for d in lengths])
+
+
+def _table(config, rng):
+    rows, timing = [], {}
+    for n in common.progress(config.sizes, desc="sqrt_d sizes"):
+        start = time.perf_counter()
+        std, mu = vectorised(rng, n, config.trials)      # (trials,), (trials,)
+        t_vec = (time.perf_counter() - start) / config.trials
+        timed = min(config.loop_trials, config.trials)
+        start = time.perf_counter()
+        loop(np.random.default_rng(config.seed + 1), n, timed)
+        t_loop = (time.perf_counter() - start) / timed
+        timing[n] = (t_vec, t_loop, timed)
+        root, k = math.sqrt(n), config.trials
+        row = {"n": n, "trials": k,
+               "std": std.mean(), "std_se": std.std(ddof=1) / math.sqrt(k),
+               "abs_mean": mu.mean(), "abs_mean_se": mu.std(ddof=1) / math.sqrt(k),
+               "var": (std ** 2).mean(), "var_se": (std ** 2).std(ddof=1) / math.sqrt(k),
+               "var_theory": expected_var(n)}
+        row.update({"std_scaled": row["std"] / root, "std_scaled_se": row["std_se"] / root,
+                    "abs_mean_scaled": row["abs_mean"] / root,
+                    "abs_mean_scaled_se": row["abs_mean_se"] / root})
+        if n in ARTICLE:
+            row.update(zip(("article_std", "article_abs_mean", "article_std_scaled",
+                            "article_abs_mean_scaled"), ARTICLE[n]))
+        rows.append(row)
+    return rows, timing
+
+
+def _headlines(rows, timing, config):
+    heads = []
+    for r in rows:
+        if "article_std" in r:
+            z = (r["std"] - r["article_std"]) / r["std_se"]
+            heads.append(kit.headline(f"std of the product, n = {r['n']} (unscaled)", r["std"],
+                                      r["article_std"], ARTICLE_SOURCE, abs(z) <= 3))
+        z = (r["var"] - r["var_theory"]) / r["var_se"]
+        heads.append(kit.headline(f"mean s^2, n = {r['n']}", r["var"], round(r["var_theory"], 5),
+                                  "closed form n - 3/n + 2/n^2", abs(z) <= 3))
+    last = rows[-1]
+    heads.append(kit.headline(f"std of the product, n = {last['n']}, scaled by 1/sqrt(n)",
+                              last["std_scaled"], 1.0, "Vaswani et al. 2017, footnote 4 (within 0.001)",
+                              abs(last["std_scaled"] - 1) <= 1e-3))
+    loop_total, vec_total = speedup(timing, config.trials)
+    heads.append(kit.headline("speed-up of the vectorised study over the per-trial loop",
+                              loop_total / vec_total, ">= 20", "issue 5", loop_total / vec_total >= 20))
+    return heads
+
+
+def _charts(rows, dots, config, figures):
+    n = np.array([r["n"] for r in rows], float)                      # (sizes,)
+    grid = np.geomspace(n.min(), n.max(), 200)                         # (200,)
+    fig, (ax1, ax2) = kit.figure(2)
+    for key, marker, lab in (("std", "o", "unscaled"), ("std_scaled", "s", "scaled by 1/sqrt(n)")):
+        ax1.errorbar(n, [r[key] for r in rows], yerr=[3 * r[key + "_se"] for r in rows],
+                     fmt=marker, capsize=3, label=f"measured, {lab} (±3 SE)")
+    ax1.plot(grid, np.sqrt(expected_var(grid)), "k-", lw=1, label="sqrt(n - 3/n + 2/n²)")
+    ax1.plot(grid, np.sqrt(expected_var(grid) / grid), "k--", lw=1, label="same / sqrt(n)")
+    art = [r for r in rows if "article_std" in r]
+    ax1.plot([r["n"] for r in art], [r["article_std"] for r in art], "x", color="C3", ms=9,
+             label="article (unscaled)")
+    ax1.plot([r["n"] for r in art], [r["article_std_scaled"] for r in art], "+", color="C3", ms=10,
+             label="article (scaled)")
+    kit.label(ax1, f"std of entries of centred A·B ({config.trials} trials)",
+              "matrix size n", "std of entries (unitless)", logx=True, logy=True)
+    d = np.array(config.dot_lengths, float)                           # (lengths,)
+    ax2.loglog(d, dots, "o", label="measured std of x·y")
+    ax2.loglog(d, np.sqrt(d), "k-", lw=1, label="theory sqrt(d)")
+    ax2.loglog(d, dots / np.sqrt(d), "s", label="measured std of x·y / sqrt(d)")
+    ax2.axhline(1, color="k", ls="--", lw=1, label="theory 1")
+    kit.label(ax2, f"dot product of two N(0,1) vectors ({config.dot_trials} trials)",
+              "length d", "std (unitless)")
+    kit.save(fig, NAME, "sqrt_d.png", "Left: std of the centred product's entries against n, "
+             "unscaled (grows as sqrt(n)) and divided by sqrt(n) (flat at 1), with the exact "
+             "expectation and the article's numbers. Right: the std of a dot product of length d "
+             "grows as sqrt(d); dividing by sqrt(d) makes it 1.", figures)
+
+
+def measure(config):
+    rng = np.random.default_rng(config.seed)
+    rows, timing = _table(config, rng)
+    return rows, timing, dot_product_std(rng, config.dot_lengths, config.dot_trials)  # (lengths,)
+
+
+def speedup(timing, trials):
+    """(loop seconds, vectorised seconds) for all trials, from the per-trial times."""
+    return (sum(t_loop for _, t_loop, _ in timing.values()) * trials,
+            sum(t_vec for t_vec, _, _ in timing.values()) * trials)
+
+
+def _summary(m, heads, config):
+    rows, timing, _ = m
+    loop_total, vec_total = speedup(timing, config.trials)
+    lines = [f"{'n':>5} {'std':>18} {'article':>9} {'|mean|':>16} {'article':>8} "
+             f"{'std scaled':>17} {'article':>8} {'speed-up':>8}"]
+    for r in rows:
+        t_vec, t_loop, _ = timing[r["n"]]
+        lines.append(f"{r['n']:>5} {r['std']:>9.5f} ± {r['std_se']:.5f} "
+                     f"{r.get('article_std', float('nan')):>9.5f} "
+                     f"{r['abs_mean']:>7.5f} ± {r['abs_mean_se']:.5f} "
+                     f"{r.get('article_abs_mean', float('nan')):>8.5f} "
+                     f"{r['std_scaled']:>8.5f} ± {r['std_scaled_se']:.5f} "
+                     f"{r.get('article_std_scaled', float('nan')):>8.5f} {t_loop / t_vec:>7.1f}x")
+    lines.append(f"vectorised {vec_total:.2f} s for {config.trials} trials; the per-trial loop "
+                 f"(timed on {min(config.loop_trials, config.trials)} trials per size) would take "
+                 f"{loop_total:.2f} s: speed-up {loop_total / vec_total:.1f}x")
+    return "\n".join(lines)
+
+
+def _meta(m):
+    """Timings go to meta.json, not data.csv: they differ from run to run."""
+    return {"timings": {str(n): {"vectorised_s_per_trial": a, "loop_s_per_trial": b,
+                                 "loop_trials_timed": c} for n, (a, b, c) in m[1].items()}}
+
+
+def run(config: Config) -> kit.Result:
+    return kit.conduct(NAME, config, measure, lambda m, c: _headlines(m[0], m[1], c),
+                       lambda m, c, figs: _charts(m[0], m[2], c, figs),
+                       lambda m, c: m[0] + [{"n": f"dot d={d}", "std": s}
+                                            for d, s in zip(c.dot_lengths, m[2])],
+                       summary=_summary, meta=_meta)
