@@ -117,19 +117,13 @@ def sigma_sweep(rng, config):
     return sigmas, ent, p.max(axis=-1).mean(axis=-1)                          # (S,), (S,), (S,)
 
 
-def _slope_with_se(x, y):
-    """Power-law exponent and its standard error from the log-log fit's residuals."""
-    coef, cov = np.polyfit(np.log(x), np.log(y), 1, cov=True)
-    return float(coef[0]), float(math.sqrt(cov[0, 0]))
-
-
 def _headlines(rows, sweep, config):
     n = config.keys
     heads = []
     d = np.array(config.widths, float)
     for name, e in SCALINGS.items():
         std = [r["logit_std"] for r in rows if r["scaling"] == name]
-        slope, se = _slope_with_se(d, std)
+        slope, se = kit.loglog_slope_se(d, std)
         # 3 standard errors of the fitted slope: the per-width stds scatter by ~sqrt(2/d) with draws
         heads.append(kit.headline(f"exponent of logit std vs d, scaling {name}", slope, e,
                                   "Vaswani et al. 2017 fn. 4 (variance d)", abs(slope - e) <= max(3 * se, 0.02)))

@@ -120,6 +120,12 @@ def loglog_slope(x, y):
     return float(np.polyfit(np.log(np.asarray(x, float)), np.log(np.asarray(y, float)), 1)[0])
 
 
+def loglog_slope_se(x, y):
+    """Power-law exponent and its standard error from the log-log fit's residuals (3+ points)."""
+    coef, cov = np.polyfit(np.log(np.asarray(x, float)), np.log(np.asarray(y, float)), 1, cov=True)
+    return float(coef[0]), float(math.sqrt(cov[0, 0]))
+
+
 def headline(quantity, measured, expected, source, agrees) -> common.Headline:
     return common.Headline(quantity, float(measured), expected, source, bool(agrees))
 
