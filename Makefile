@@ -19,6 +19,7 @@ test: $(STAMP)
 
 run: $(STAMP)
 	$(PY) -m checks
+	$(PY) -m experiments all
 
 checks: $(STAMP)
 	$(PY) -m checks

@@ -40,14 +40,9 @@ class Config:
     seed: int = 0
 
     def __post_init__(self):
-        kit.check_ints("widths", self.widths, lo=1)
-        kit.check_int("keys", self.keys, lo=2)
-        kit.check_int("batch", self.batch, lo=1)
-        kit.check_int("draws", self.draws, lo=1)
-        kit.check_float("sigma_max", self.sigma_max, lo=0.05, open_lo=True)
-        kit.check_int("sigma_points", self.sigma_points, lo=2)
-        kit.check_int("sweep_rows", self.sweep_rows, lo=2)
-        kit.check_int("seed", self.seed, lo=0)
+        kit.validate(self, ints={"keys": 2, "batch": 1, "draws": 1, "sigma_points": 2,
+                                 "sweep_rows": 2, "seed": 0},
+                     tuples={"widths": 1}, floats={"sigma_max": 0.05})
 
 
 def entropy_theory(sigma, n):

@@ -42,16 +42,11 @@ class Config:
     seed: int = 0
 
     def __post_init__(self):
-        kit.check_int("width", self.width, lo=2)
-        kit.check_int("heads", self.heads, lo=1)
+        kit.validate(self, ints={"width": 2, "heads": 1, "tokens": 2, "batch": 1, "max_depth": 1,
+                                 "trials": 1, "seed": 0},
+                     tuples={"grad_depths": (1, self.max_depth)})
         if self.width % self.heads:
             raise ValueError(f"heads: expected a divisor of width = {self.width}, got {self.heads}")
-        kit.check_int("tokens", self.tokens, lo=2)
-        kit.check_int("batch", self.batch, lo=1)
-        kit.check_int("max_depth", self.max_depth, lo=1)
-        kit.check_ints("grad_depths", self.grad_depths, lo=1, hi=self.max_depth)
-        kit.check_int("trials", self.trials, lo=1)
-        kit.check_int("seed", self.seed, lo=0)
 
 
 def label_of(variant):
@@ -115,38 +110,58 @@ def token_cosine(x):
     return float(((g.sum(axis=(1, 2)) - T) / (T * (T - 1))).mean())
 
 
-def one_trial(rng, config, variant):
-    """Forward the deepest stack once; backward from every depth L in grad_depths, reusing the
-    first L layers' caches.  Returns per-layer mean-square and cosine (max_depth + 1,), per-layer
-    gradient norms of the deepest stack (max_depth,), and the last layer's |dW2| per L."""
-    norm, res = variant
-    D, H = config.width, config.heads
-    blocks = [init_block(rng, D, H) for _ in range(config.max_depth)]
-    if norm == "attention only":
-        norm, blocks = "none", [b[:1] for b in blocks]
-    x = rng.standard_normal((config.batch, config.tokens, D))  # (B, T, D) tokens N(0, 1)
-    g = rng.standard_normal(x.shape)                           # (B, T, D) read-out direction
+def stack_forward(x, blocks, norm, res):
+    """x (B, T, D) through every block: the states after each block (L + 1 of them, x first) and
+    the caches of every sublayer in order."""
     states, caches = [x], []
     for block in blocks:
         for layer in block:
             x, cache = sublayer_forward(x, layer, norm, res)
             caches.append(cache)
         states.append(x)
+    return states, caches
+
+
+def stack_backward(g, blocks, states, caches, norm, res, L):
+    """Backward of the read-out <out, g> of the first L blocks (out = N(x_L) for pre-norm, x_L
+    otherwise): the input gradient (B, T, D) and, per block, the list of its sublayers' grads."""
+    dx = g
+    if norm == "pre":
+        _, fcache = kernels.rms_norm_forward(states[L], {})      # the final norm of Xiong's Pre-LN
+        dx, _ = kernels.rms_norm_backward(g, fcache)
     per_block = len(blocks[0])
+    grads = [[None] * per_block for _ in range(L)]
+    for i in reversed(range(L * per_block)):
+        b, s = divmod(i, per_block)
+        dx, grads[b][s] = sublayer_backward(dx, blocks[b][s], caches[i], norm, res)
+    return dx, grads
+
+
+def make_stack(rng, config, variant):
+    """The variant's blocks (max_depth of them) and its wiring (norm, residual)."""
+    norm, res = variant
+    blocks = [init_block(rng, config.width, config.heads) for _ in range(config.max_depth)]
+    if norm == "attention only":
+        norm, blocks = "none", [b[:1] for b in blocks]
+    return blocks, norm, res
+
+
+def one_trial(rng, config, variant):
+    """Forward the deepest stack once; backward from every depth L in grad_depths, reusing the
+    first L layers' caches.  Returns per-layer mean-square and cosine (max_depth + 1,), per-block
+    gradient norms of the deepest stack (max_depth,), and the last block's |dW2| per L."""
+    blocks, norm, res = make_stack(rng, config, variant)
+    x = rng.standard_normal((config.batch, config.tokens, config.width))  # (B, T, D) tokens N(0, 1)
+    g = rng.standard_normal(x.shape)                                       # (B, T, D) read-out
+    states, caches = stack_forward(x, blocks, norm, res)
     grad_last, grad_layers = {}, None
     for L in sorted(set(config.grad_depths) | {config.max_depth}):
-        dx = g
-        if norm == "pre":
-            _, fcache = kernels.rms_norm_forward(states[L], {})  # the final norm of Xiong's Pre-LN
-            dx, _ = kernels.rms_norm_backward(g, fcache)
-        norms = np.zeros(L)                                     # (L,) per-block gradient norm
-        for i in reversed(range(L * per_block)):
-            layer = blocks[i // per_block][i % per_block]
-            dx, grads = sublayer_backward(dx, layer, caches[i], norm, res)
-            norms[i // per_block] += sum(float((v * v).sum()) for v in grads.values())
-            if i == L * per_block - 1:
-                grad_last[L] = float(np.linalg.norm(grads.get("W2", grads.get("WO"))))
-        grad_layers = np.sqrt(norms) if L == config.max_depth else grad_layers
+        _, grads = stack_backward(g, blocks, states, caches, norm, res, L)
+        top = grads[-1][-1]                                    # the last sublayer's grads
+        grad_last[L] = float(np.linalg.norm(top.get("W2", top.get("WO"))))
+        if L == config.max_depth:
+            grad_layers = np.array([math.sqrt(sum(float((v * v).sum()) for sub in block
+                                                  for v in sub.values())) for block in grads])
     return (np.array([mean_square(s) for s in states]), np.array([token_cosine(s) for s in states]),
             grad_layers, np.array([grad_last[L] for L in config.grad_depths]))
 

@@ -45,11 +45,7 @@ class Config:
     seed: int = 0
 
     def __post_init__(self):
-        kit.check_int("width", self.width, lo=2)
-        kit.check_int("depth", self.depth, lo=1)
-        kit.check_int("vectors", self.vectors, lo=2)
-        kit.check_int("trials", self.trials, lo=2)
-        kit.check_int("seed", self.seed, lo=0)
+        kit.validate(self, ints={"width": 2, "depth": 1, "vectors": 2, "trials": 2, "seed": 0})
 
 
 def chain(W, x, treatment):

@@ -40,13 +40,8 @@ class Config:
     seed: int = 0
 
     def __post_init__(self):
-        kit.check_ints("lengths", self.lengths, lo=2)
-        kit.check_int("rows", self.rows, lo=1)
-        kit.check_int("trials", self.trials, lo=1)
-        kit.check_int("fd_width", self.fd_width, lo=2)
-        kit.check_int("fd_draws", self.fd_draws, lo=1)
-        kit.check_int("fd_steps", self.fd_steps, lo=3)
-        kit.check_int("seed", self.seed, lo=0)
+        kit.validate(self, ints={"rows": 1, "trials": 1, "fd_width": 2, "fd_draws": 1,
+                                 "fd_steps": 3, "seed": 0}, tuples={"lengths": 2})
 
 
 def gamma(n, u=U["float32"]):

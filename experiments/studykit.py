@@ -61,9 +61,15 @@ def check_ints(field, values, lo=1, hi=None, *, increasing=True, min_len=1):
         _fail(field, "strictly increasing integers", values)
 
 
-def check_choice(field, value, choices):
-    if value not in choices:
-        _fail(field, f"one of {', '.join(map(str, choices))}", value)
+def validate(config, ints=(), tuples=(), floats=()):
+    """Check a Config's fields by table.  ints / tuples: {field: lo or (lo, hi)} for an int or a
+    strictly increasing tuple of ints in range; floats: {field: lo}, a finite number above lo."""
+    for field, bounds in dict(ints).items():
+        check_int(field, getattr(config, field), *(bounds if isinstance(bounds, tuple) else (bounds,)))
+    for field, bounds in dict(tuples).items():
+        check_ints(field, getattr(config, field), *(bounds if isinstance(bounds, tuple) else (bounds,)))
+    for field, lo in dict(floats).items():
+        check_float(field, getattr(config, field), lo, open_lo=True)
 
 
 def blas_single_thread():
