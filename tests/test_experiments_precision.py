@@ -1,0 +1,36 @@
+"""precision at a tiny size: float32 kernel errors under Higham's gamma_n, recursive summation
+growing as sqrt(n) u, and the finite-difference optimum where truncation meets rounding."""
+import numpy as np
+import pytest
+
+from experiments import common, precision as study, studykit as kit
+
+TINY = study.Config(lengths=(16, 256, 4096, 65536), rows=4, trials=2, fd_draws=6, fd_steps=25, seed=5)
+
+
+@pytest.fixture(autouse=True)
+def isolated(tmp_path, monkeypatch):
+    kit.sandbox(monkeypatch, tmp_path, charts=False)
+
+
+def test_errors_respect_the_bounds_and_the_step_optimum():
+    red, (steps, errors, third, rounding) = study.measure(TINY)
+    n = np.array(TINY.lengths, float)
+    for name, err in red.items():
+        assert np.all(err <= study.gamma(n)), name                  # Higham's worst case always
+        assert np.all(err > 0), name                                 # float32 really rounded
+    slope, se = kit.loglog_slope_se(n, red[study.RECURSIVE])
+    assert abs(slope - 0.5) <= 3 * se + 0.05, (slope, se)           # + 0.05: 4 points, 2 trials
+    grid = steps[1] / steps[0]
+    for name, u in study.U.items():
+        best = steps[np.argmin(errors[name])]
+        model = study.optimal_step(u, third, rounding)
+        assert 1 / grid**1.5 <= best / model <= grid**1.5, (name, best, model)  # within ~a grid step
+    assert errors["float32"][0] == pytest.approx(1.0)               # h = 1e-12: x + h v == x
+    study.run(TINY)
+    assert (common.RESULTS / "precision" / "data.csv").exists()
+
+
+def test_bad_config_names_the_field():
+    with pytest.raises(ValueError, match=r"^fd_steps: expected an integer in \[3, inf\], got 2"):
+        study.Config(fd_steps=2)

@@ -1,0 +1,62 @@
+"""sqrt_d at a tiny size: the closed-form variance, sqrt(d) growth, same draws, files, determinism."""
+import json
+import math
+
+import numpy as np
+import pytest
+
+from experiments import common, sqrt_d, studykit as kit
+
+TINY = sqrt_d.Config(sizes=(3, 64), trials=300, loop_trials=3, dot_lengths=(4, 64, 1024),
+                     dot_trials=800, seed=1)
+
+
+@pytest.fixture(autouse=True)
+def isolated(tmp_path, monkeypatch):
+    kit.sandbox(monkeypatch, tmp_path)
+
+
+def test_tiny_run_follows_the_laws_and_writes_its_files(tmp_path):
+    result = sqrt_d.run(TINY)
+    for row in result.rows[:2]:
+        n = row["n"]
+        # a Monte Carlo mean against its exact expectation: 3 standard errors
+        assert abs(row["var"] - (n - 3 / n + 2 / n ** 2)) <= 3 * row["var_se"], row
+        # scaled and unscaled come from the same draws: exactly a factor sqrt(n) apart
+        assert row["std_scaled"] == pytest.approx(row["std"] / math.sqrt(n), rel=1e-12)
+    dots = [r["std"] for r in result.rows[2:]]
+    slope, se = kit.loglog_slope_se(TINY.dot_lengths, dots)
+    assert abs(slope - 0.5) <= 3 * se + 0.02, (slope, se)  # + 0.02: a 3-point fit's se is itself noisy
+    folder = tmp_path / "sqrt_d"
+    meta = json.loads((folder / "meta.json").read_text())
+    assert meta["seed"] == 1 and meta["config"]["trials"] == 300 and meta["seconds"] > 0
+    assert {"numpy", "jax", "python"} <= set(meta["versions"])
+    assert (folder / "sqrt_d.png").stat().st_size > 10_000
+    assert "speed-up" in result.summary
+
+
+def test_one_pass_statistics_match_numpy_std_and_mean():
+    rng = np.random.default_rng(0)
+    A, B = rng.standard_normal((5, 16, 16)), rng.standard_normal((5, 16, 16))
+    C = np.stack([(a - a.mean()) @ (b - b.mean()) for a, b in zip(A, B)])
+    std, mu = sqrt_d.trial_stats(A.copy(), B.copy())
+    np.testing.assert_allclose(std, C.std(axis=(1, 2)), rtol=1e-12)
+    np.testing.assert_allclose(mu, np.abs(C.mean(axis=(1, 2))), rtol=1e-9)
+
+
+def test_same_seed_gives_identical_data(tmp_path, monkeypatch):
+    config = sqrt_d.Config(sizes=(3, 16), trials=50, loop_trials=2, dot_lengths=(4, 16), dot_trials=50)
+    kit.sandbox(monkeypatch, tmp_path, charts=False)
+    texts = []
+    for run in ("a", "b"):
+        monkeypatch.setattr(common, "RESULTS", tmp_path / run)
+        sqrt_d.run(config)
+        texts.append((tmp_path / run / "sqrt_d" / "data.csv").read_bytes())
+    assert texts[0] == texts[1]
+
+
+@pytest.mark.parametrize("field, value", [("trials", 1), ("sizes", (16, 3)), ("sizes", ()),
+                                          ("seed", -1), ("dot_trials", 2.5)])
+def test_bad_config_names_the_field(field, value):
+    with pytest.raises(ValueError, match=rf"^{field}: expected .*got"):
+        sqrt_d.Config(**{field: value})
