@@ -191,7 +191,10 @@ def _charts(rows, sweep, config, figures):
     kit.label(c2, "gradient reaching W_K (kernels.mha_backward)", "head width d", "‖∂L/∂W_K‖_F")
     kit.save(fig, NAME, "gradients.png",
              "Frobenius norm of the gradient the hand backward sends to W_Q and W_K for a random "
-             "upstream gradient: without scaling it collapses as the softmax saturates.", figures)
+             "upstream gradient, at initialisation. It does not vanish without scaling at these "
+             "widths: the saturated softmax shrinks the typical row's Jacobian only a few-fold, "
+             "while near-tied rows and the logit scale sqrt(d) (a chain-rule factor) enlarge it; "
+             "with 1/d the softmax is near uniform and the gradient is smallest.", figures)
 
 
 def measure(config):
