@@ -5,7 +5,6 @@ Not a study itself (no NAME): ``python -m experiments`` passes over it.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 import pathlib
@@ -13,7 +12,7 @@ import time
 
 import numpy as np
 
-from experiments import common
+from experiments import common, timing
 
 
 @dataclasses.dataclass
@@ -73,18 +72,6 @@ def validate(config, ints=(), tuples=(), floats=()):
         check_float(field, getattr(config, field), lo, open_lo=True)
 
 
-def blas_single_thread():
-    """BLAS on one thread for the duration of a study.  The studies multiply many small matrices,
-    where OpenBLAS's thread hand-off costs more than it gains: the depth study took 34.6 s with two
-    threads and 4.5 s with one on a loaded 2-core machine (and the 512 x 512 products of sqrt_d
-    were no faster with two)."""
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:  # pragma: no cover - a declared dependency; run as is without it
-        return contextlib.nullcontext()
-    return threadpool_limits(limits=1, user_api="blas")
-
-
 # --- the end of every run ---------------------------------------------------------------------
 
 def finish(name, config, start, rows, figures, headlines, summary, **extra) -> Result:
@@ -100,9 +87,13 @@ def finish(name, config, start, rows, figures, headlines, summary, **extra) -> R
 
 def conduct(name, config, measure, headlines, charts, rows, summary=None, meta=None) -> Result:
     """The life of every study: measure(config) -> m, then headlines(m, config), charts(m, config,
-    figures), rows(m, config) for data.csv, the summary text and extra meta.json entries; BLAS on
-    one thread throughout (see blas_single_thread)."""
-    with blas_single_thread():
+    figures), rows(m, config) for data.csv, the summary text and extra meta.json entries.
+
+    BLAS runs on one thread throughout: the studies multiply many small matrices, where
+    OpenBLAS's thread hand-off costs more than it gains (the depth study took 34.6 s with two
+    threads and 4.5 s with one on a loaded 2-core machine; sqrt_d's 512 x 512 products were no
+    faster with two)."""
+    with timing.blas_threads(1):
         start = time.perf_counter()
         m = measure(config)
         heads = headlines(m, config)
