@@ -61,6 +61,9 @@ def run_all(found: dict, argv) -> int:
             outcome = run_one(module)
             outcomes.append(outcome)
             print(f"[all {i}/{len(modules)}] {status_line(outcome)}", flush=True)
+            summary = str(getattr(outcome.result, "summary", "") or "")
+            if summary:
+                print("\n".join(f"    {line}" for line in summary.splitlines()), flush=True)
             if outcome.error:
                 print(f"[all] {module.NAME} failed:\n{outcome.error}", file=sys.stderr, flush=True)
     finally:  # an interrupted run still leaves a page for what finished

@@ -135,10 +135,11 @@ def _table(config, rng):
 def _headlines(rows, timing, config):
     heads = []
     for r in rows:
-        if "article_std" in r:
-            z = (r["std"] - r["article_std"]) / r["std_se"]
-            heads.append(kit.headline(f"std of the product, n = {r['n']} (unscaled)", r["std"],
-                                      r["article_std"], ARTICLE_SOURCE, abs(z) <= 3))
+        for key, what in (("std", "std"), ("abs_mean", "|mean|")):
+            if f"article_{key}" in r:  # the article's number within 3 of our standard errors
+                z = (r[key] - r[f"article_{key}"]) / r[f"{key}_se"]
+                heads.append(kit.headline(f"{what} of the product, n = {r['n']} (unscaled)", r[key],
+                                          r[f"article_{key}"], ARTICLE_SOURCE, abs(z) <= 3))
         z = (r["var"] - r["var_theory"]) / r["var_se"]
         heads.append(kit.headline(f"mean s^2, n = {r['n']}", r["var"], round(r["var_theory"], 5),
                                   "closed form n - 3/n + 2/n^2", abs(z) <= 3))
