@@ -187,8 +187,8 @@ def _charts(rows, sweep, config, figures):
     for i, name in enumerate(SCALINGS):
         c1.loglog(d, [r["grad_WQ"] for r in by[name]], "o-", color=f"C{i}", label=name)
         c2.loglog(d, [r["grad_WK"] for r in by[name]], "o-", color=f"C{i}", label=name)
-    kit.label(c1, "gradient reaching W_Q (kernels.mha_backward)", "head width d", "‖∂L/∂W_Q‖_F")
-    kit.label(c2, "gradient reaching W_K (kernels.mha_backward)", "head width d", "‖∂L/∂W_K‖_F")
+    kit.label(c1, "gradient reaching W_Q (kernels.mha_backward)", "head width d", "‖∂L/∂W_Q‖_F (loss units)")
+    kit.label(c2, "gradient reaching W_K (kernels.mha_backward)", "head width d", "‖∂L/∂W_K‖_F (loss units)")
     kit.save(fig, NAME, "gradients.png",
              "Frobenius norm of the gradient the hand backward sends to W_Q and W_K for a random "
              "upstream gradient, at initialisation. It does not vanish without scaling at these "

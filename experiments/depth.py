@@ -231,13 +231,13 @@ def _charts(m, config, figures):
     a1.axhline(1, color="C1", ls="--", lw=1, label="post-norm theory: 1")
     kit.label(a1, "activation mean-square through depth", "layer l",
               "|x_l|²/d (input units²)", logy=True)
-    for i, v in enumerate(VARIANTS[:3]):
+    for i, v in enumerate(VARIANTS[:2]):  # no-norm residual (geometric) is on the log panel
         mean, se = m[v]["ms"]
         a2.errorbar(l, mean, yerr=3 * se, fmt="o-", color=f"C{i}", ms=3, capsize=2, lw=1,
                     label=label_of(v))
     a2.fill_between(l, lo, hi, color="C0", alpha=0.15, label="1 + l/2 … 1 + 3l/2")
     a2.set_ylim(0.5, 2 * hi[-1])
-    kit.label(a2, "residual variants, linear scale (±3 SE)", "layer l", "|x_l|²/d (input units²)")
+    kit.label(a2, "pre- and post-norm residual, linear scale (±3 SE)", "layer l", "|x_l|²/d (input units²)")
     kit.save(fig, NAME, "activations.png",
              "Mean-square activation per layer: pre-norm grows linearly inside Xiong's band, "
              "post-norm is pinned at 1, no-norm residual stacks grow geometrically and no-residual "

@@ -99,7 +99,7 @@ def conduct(name, config, measure, headlines, charts, rows, summary=None, meta=N
         heads = headlines(m, config)
         figures = []
         charts(m, config, figures)
-        text = summary(m, heads, config) if summary else "; ".join(
+        text = summary(m, heads, config) if summary else "\n".join(
             f"{h.quantity}: {h.measured:.4g} (expected {h.expected})" for h in heads)
         return finish(name, config, start, rows(m, config), figures, heads, text,
                       **(meta(m) if meta else {}))
