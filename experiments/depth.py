@@ -192,8 +192,8 @@ def _headlines(m, config):
     lo, hi = xiong_band(l)
     ms, se = m[("pre", True)]["ms"]
     inside = bool(np.all((ms >= lo - 3 * se) & (ms <= hi + 3 * se)))
-    heads.append(kit.headline(f"pre-norm |x_l|^2/d at l = {config.max_depth}", ms[-1],
-                              f"[{lo[-1]:g}, {hi[-1]:g}], every l inside: {inside}",
+    heads.append(kit.headline(f"pre-norm |x_l|^2/d at l = {config.max_depth} (and every l inside the band ± 3 SE)",
+                              ms[-1], f"[{lo[-1]:g}, {hi[-1]:g}]; band 1 + l/2 … 1 + 3l/2",
                               "Xiong et al. 2020, Lemma 2", inside))
     ms, _ = m[("post", True)]["ms"]
     spread = float(np.abs(ms[1:] - 1).max())
