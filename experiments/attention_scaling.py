@@ -68,7 +68,7 @@ def softmax_stats(logits):
 
 
 def init_attention(rng, d):
-    """One head of width d, every weight N(0, 1/d)."""
+    """One head of width d, every weight N(0, 1/d): W_Q, W_K, W_V (1, d, d), W_O (d, d)."""
     s = 1 / math.sqrt(d)
     return {"WQ": rng.standard_normal((1, d, d)) * s, "WK": rng.standard_normal((1, d, d)) * s,
             "WV": rng.standard_normal((1, d, d)) * s, "WO": rng.standard_normal((d, d)) * s}

@@ -59,10 +59,10 @@ def label_of(variant):
 def init_block(rng, D, H):
     """One attention + feed-forward block, every weight N(0, 1/fan_in), zero biases."""
     P, F = D // H, 4 * D
-    attn = {k: rng.standard_normal((H, P, P)) / math.sqrt(P) for k in ("WQ", "WK", "WV")}
+    attn = {k: rng.standard_normal((H, P, P)) / math.sqrt(P) for k in ("WQ", "WK", "WV")}  # (H, P, P)
     attn["WO"] = rng.standard_normal((D, D)) / math.sqrt(D)                  # (D, D)
-    ff = {"W1": rng.standard_normal((D, F)) / math.sqrt(D), "b1": np.zeros(F),
-          "W2": rng.standard_normal((F, D)) / math.sqrt(F), "b2": np.zeros(D)}
+    ff = {"W1": rng.standard_normal((D, F)) / math.sqrt(D), "b1": np.zeros(F),   # (D, F), (F,)
+          "W2": rng.standard_normal((F, D)) / math.sqrt(F), "b2": np.zeros(D)}   # (F, D), (D,)
     return [(kernels.mha_forward, kernels.mha_backward, attn),
             (kernels.ff_forward, kernels.ff_backward, ff)]
 
@@ -161,9 +161,10 @@ def one_trial(rng, config, variant):
         grad_last[L] = float(np.linalg.norm(top.get("W2", top.get("WO"))))
         if L == config.max_depth:
             grad_layers = np.array([math.sqrt(sum(float((v * v).sum()) for sub in block
-                                                  for v in sub.values())) for block in grads])
-    return (np.array([mean_square(s) for s in states]), np.array([token_cosine(s) for s in states]),
-            grad_layers, np.array([grad_last[L] for L in config.grad_depths]))
+                                                  for v in sub.values())) for block in grads])  # (L,)
+    return (np.array([mean_square(s) for s in states]),         # (max_depth + 1,)
+            np.array([token_cosine(s) for s in states]),        # (max_depth + 1,)
+            grad_layers, np.array([grad_last[L] for L in config.grad_depths]))  # (max_depth,), (Ls,)
 
 
 def xiong_band(l):

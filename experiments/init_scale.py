@@ -67,7 +67,7 @@ def chain(W, x, treatment):
         x = y
         ms.append(float((x * x).mean()))
         cos.append(mean_cosine(x))
-    return np.array(ms), gains, np.array(cos)
+    return np.array(ms), gains, np.array(cos)                     # (K + 1,), (m, K, v), (K + 1, m)
 
 
 def mean_cosine(x):

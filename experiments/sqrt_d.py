@@ -66,7 +66,8 @@ def vectorised(rng, n, trials, bar=None):
     stds, means = [], []
     for start in range(0, trials, chunk):
         m = min(chunk, trials - start)
-        s, mu = trial_stats(rng.standard_normal((m, n, n)), rng.standard_normal((m, n, n)))
+        s, mu = trial_stats(rng.standard_normal((m, n, n)),   # (m, n, n) A ...
+                            rng.standard_normal((m, n, n)))   # ... and B -> (m,), (m,)
         stds.append(s)
         means.append(mu)
         if bar is not None:
@@ -79,7 +80,7 @@ def loop(rng, n, trials):
     out = np.empty((trials, 4))                          # (trials, 4)
     root = math.sqrt(n)
     for t in range(trials):
-        A, B = rng.standard_normal((n, n)), rng.standard_normal((n, n))
+        A, B = rng.standard_normal((n, n)), rng.standard_normal((n, n))  # (n, n) each
         C = (A - A.mean()) @ (B - B.mean())              # (n, n)
         out[t] = C.std(), abs(C.mean()), (C / root).std(), abs((C / root).mean())
     return out
@@ -87,7 +88,7 @@ def loop(rng, n, trials):
 
 def dot_product_std(rng, lengths, trials):
     """std over trials of x . y for x, y of length d, N(0, 1): (len(lengths),)."""
-    return np.array([(rng.standard_normal((trials, d)) * rng.standard_normal((trials, d)))
+    return np.array([(rng.standard_normal((trials, d)) * rng.standard_normal((trials, d)))  # (trials, d)
                      .sum(axis=1).std() for d in lengths])
 
 
