@@ -5,7 +5,7 @@ import pytest
 
 from experiments import common, precision as study, studykit as kit
 
-TINY = study.Config(lengths=(16, 256, 4096, 65536), rows=4, trials=2, fd_draws=6, fd_steps=25, seed=5)
+TINY = study.Config(lengths=(16, 256, 4096, 65536), rows=4, trials=2, fd_draws=32, fd_steps=25, seed=5)
 
 
 @pytest.fixture(autouse=True)
@@ -20,12 +20,12 @@ def test_errors_respect_the_bounds_and_the_step_optimum():
         assert np.all(err <= study.gamma(n)), name                  # Higham's worst case always
         assert np.all(err > 0), name                                 # float32 really rounded
     slope, se = kit.loglog_slope_se(n, red[study.RECURSIVE])
-    assert abs(slope - 0.5) <= 3 * se + 0.05, (slope, se)           # + 0.05: 4 points, 2 trials
+    assert abs(slope - 0.5) <= 3 * se, (slope, se)                  # se of the 4-point fit
     grid = steps[1] / steps[0]
     for name, u in study.U.items():
         best = steps[np.argmin(errors[name])]
         model = study.optimal_step(u, third, rounding)
-        assert 1 / grid**1.5 <= best / model <= grid**1.5, (name, best, model)  # within ~a grid step
+        assert 1 / grid <= best / model <= grid, (name, best, model)  # the argmin: ± one grid step
     assert errors["float32"][0] == pytest.approx(1.0)               # h = 1e-12: x + h v == x
     study.run(TINY)
     assert (common.RESULTS / "precision" / "data.csv").exists()
