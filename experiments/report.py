@@ -77,7 +77,7 @@ def status_line(outcome) -> str:
     if outcome.error:
         return f"{outcome.name} FAILED after {outcome.seconds:.1f} s"
     heads = list(getattr(outcome.result, "headlines", []) or [])
-    agree = sum(bool(getattr(h, "agrees", False)) for h in heads)
+    agree = sum(bool(field(h, "agrees")) for h in heads)
     return f"{outcome.name} done in {outcome.seconds:.1f} s ({agree}/{len(heads)} headlines agree)"
 
 
@@ -98,13 +98,18 @@ def _number(value) -> str:
     return html.escape(str(value))
 
 
+def field(headline, key):
+    """A headline's field, whether it is a common.Headline or a plain dict."""
+    return headline.get(key, "") if isinstance(headline, dict) else getattr(headline, key, "")
+
+
 def headline_table(heads) -> str:
     if not heads:
         return "<p>No headline comparison.</p>"
     rows = "".join(
-        f"<tr><td>{html.escape(str(h.quantity))}</td><td>{_number(h.measured)}</td>"
-        f"<td>{_number(h.expected)}</td><td>{html.escape(str(h.source))}</td>"
-        f"<td class='{'yes' if h.agrees else 'no'}'>{'yes' if h.agrees else 'no'}</td></tr>"
+        f"<tr><td>{html.escape(str(field(h, 'quantity')))}</td><td>{_number(field(h, 'measured'))}</td>"
+        f"<td>{_number(field(h, 'expected'))}</td><td>{html.escape(str(field(h, 'source')))}</td>"
+        f"<td class='{'yes' if field(h, 'agrees') else 'no'}'>{'yes' if field(h, 'agrees') else 'no'}</td></tr>"
         for h in heads)
     return ("<table><tr><th>quantity</th><th>measured</th><th>published / expected</th>"
             f"<th>source</th><th>agrees</th></tr>{rows}</table>")

@@ -27,7 +27,10 @@ def fake_study(name, *, fails=False, in_all=True):
         figures = []
         kit.save(fig, name, "chart.png", f"the caption of {name}", figures)
         heads = [kit.headline(f"{name} quantity", 1.25, 1.0, "a paper", False)]
-        return kit.finish(name, config, 0.0, [{"x": 1}], figures, heads, "summary text")
+        result = kit.finish(name, config, 0.0, [{"x": 1}], figures, heads, "summary text")
+        result.headlines.append({"quantity": f"{name} as a dict", "measured": 2.5, "expected": "> 2",
+                                 "source": "a plain dict", "agrees": True})  # another study's style
+        return result
 
     module = types.ModuleType(f"experiments.{name}", f"{name}: a fake study.")
     module.NAME, module.Config, module.run, module.IN_ALL = name, Config, run, in_all
@@ -40,6 +43,7 @@ def test_all_keeps_going_past_a_failure_and_writes_the_page(tmp_path, capsys):
     assert report.run_all(found, []) == 1
     page = (tmp_path / "report.html").read_text()
     assert "alpha quantity" in page and "omega quantity" in page and "1.25" in page
+    assert "alpha as a dict" in page and "&gt; 2" in page
     assert "the caption of alpha" in page and page.count("data:image/png;base64,") == 2
     assert "broken broke on purpose" in page and "skipped" not in page
     out = capsys.readouterr().out
