@@ -86,8 +86,10 @@ def status_line(outcome) -> str:
 def figures_of(outcome) -> list:
     """[(path, caption)]: what the study returned, else every PNG in its results folder."""
     figures = getattr(outcome.result, "figures", None)
-    if figures:
-        return [(pathlib.Path(path), caption) for path, caption in figures]
+    if figures:  # (path, caption) pairs, or bare paths captioned by their names
+        pairs = [f if isinstance(f, (tuple, list)) else (f, pathlib.Path(f).stem.replace("_", " "))
+                 for f in figures]
+        return [(pathlib.Path(path), str(caption)) for path, caption in pairs]
     folder = common.RESULTS / outcome.name
     return [(path, path.stem.replace("_", " ")) for path in sorted(folder.glob("*.png"))]
 
