@@ -67,7 +67,7 @@ def intended_rate(step, total, start, finish, warmup):
         return start * (step + 1) / warmup
     span = max(total - 1 - warmup, 1)
     frac = min(max((step - warmup) / span, 0.0), 1.0)
-    return start + (finish - start) * frac
+    return finish + (start - finish) * (1 - frac)  # exactly finish at the end
 
 
 def article_rate(step, total, start, finish, warmup):

@@ -4,6 +4,9 @@ Written from the maths of SEED_SPEC.md with this package's layers, never with th
 parameter names (``enc0.attn.WQ`` ... ``out.b``), the same fixed embedding table passed as
 ``embedding=``, Start = V - 2 and Finish = V - 1.  Gradients come from ``jax.grad``.
 """
+import functools
+
+import jax
 import jax.numpy as jnp
 
 from reference.layers import cross_entropy, dropout as dropout_layer, embedding as embed, ff, \
@@ -45,7 +48,14 @@ def decoder(y_in, z, params, *, embedding, dropout=0.0, dropout_mask=None):
 
 def model(src, tgt, params, *, embedding, dropout=0.0, dropout_mask=None, rng=None, watch=None):
     """Mean cross-entropy of decoder(Start + tgt) against tgt + Finish.  rng and watch are
-    accepted for the kernel's signature; the oracle needs the dropout mask itself."""
+    accepted for the kernel's signature; the oracle needs the dropout mask itself.
+    Compiled with jax.jit as one program: op by op, the first gradient of a new shape spends
+    most of its time compiling each of the few hundred small operations."""
+    return _model(src, tgt, params, embedding, float(dropout), dropout_mask)
+
+
+@functools.partial(jax.jit, static_argnames=("dropout",))
+def _model(src, tgt, params, embedding, dropout, dropout_mask):
     V = params["out.W"].shape[1]
     tgt = jnp.asarray(tgt)
     B = tgt.shape[0]
