@@ -161,3 +161,24 @@ def test_cli_rejects_bad_options_in_one_line(capsys):
     assert main(["train", "--task", "pointer_index", "--max-tokens", "8"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: max_tokens:") and "\n" not in err
+
+
+def test_train_command_writes_its_files_and_generate_reads_the_checkpoint(tmp_path, monkeypatch):
+    """The study end to end on a tiny run: files written, answers graded, checkpoint reusable."""
+    from experiments import common, generate
+    from experiments.__main__ import studies
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    assert {"train", "generate", "schedule", "pointer", "length"} <= set(studies())
+    result = train.run(TINY)
+    out = tmp_path / "train"
+    assert {"history.csv", "steps.csv", "loss.png", "answers.txt", "meta.json",
+            "checkpoint.npz"} <= {p.name for p in out.iterdir()}
+    assert len(result.answers) == 9 and result.answers[0][0].shape == (4,)
+    assert (out / "history.csv").read_text().count("\n") == TINY.epochs + 1
+    again = generate.run(generate.Config(checkpoint=str(out / "checkpoint.npz"),
+                                         requests="1 2 3 4; 4 3 2 1", pad=0))
+    assert again.tokens.shape[0] == 2 and again.tokens[0, 0] == 10
+    with pytest.raises(ValueError, match="requests: expected digits 0-9"):
+        generate.parse_requests("1 2 x")
+    with pytest.raises(ValueError, match="requests: expected one or more requests of equal length"):
+        generate.parse_requests("1 2; 3")
