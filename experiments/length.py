@@ -27,7 +27,10 @@ class Config(train.Config):
 
     def __post_init__(self):
         super().__post_init__()
-        tasks.get(self.task).check_tokens(self.request_tokens)
+        try:
+            tasks.get(self.task).check_tokens(self.request_tokens)
+        except ValueError as exc:
+            raise ValueError(str(exc).replace("max_tokens", "request_tokens", 1)) from None
 
 
 def run(config: Config) -> train.Result:
