@@ -14,7 +14,7 @@ from kernels import model as M
 from kernels.optim import AdamState, adam_init, adam_step, article_rate, intended_rate
 
 TINY = train.Config(task="sort", max_tokens=4, batches=6, batch=8, d_model=12, heads=2,
-                    ff_mult=2, epochs=3, steps=4, warmup=2)
+                    ff_mult=2, epochs=3, steps=4, warmup=2, dropout=0.1)
 
 
 def jax_adam(p, g, m, v, t, rate, b1=0.9, b2=0.999, eps=1e-8):
@@ -78,6 +78,8 @@ def test_same_seed_bit_identical_and_training_learns(tmp_path):
     assert all(np.array_equal(a.params[k], b.params[k]) for k in a.params)
     assert a.history == [dict(r, seconds=s["seconds"]) for r, s in zip(b.history, a.history)]
     assert not np.array_equal(a.params["out.W"], c.params["out.W"])
+    no_dropout = train.fit(dataclasses.replace(TINY, dropout=0.0), tmp_path / "d.npz")
+    assert not np.array_equal(a.params["out.W"], no_dropout.params["out.W"])   # dropout acts
     assert a.history[-1]["train_loss"] < a.history[0]["train_loss"]
 
 
