@@ -11,7 +11,7 @@ import pytest
 from experiments import checkpoint, train
 from experiments.__main__ import main
 from kernels import model as M
-from kernels.optim import AdamState, adam_init, adam_step, article_rate, intended_rate
+from kernels.optim import adam_init, adam_step, article_rate, intended_rate
 
 TINY = train.Config(task="sort", max_tokens=4, batches=6, batch=8, d_model=12, heads=2,
                     ff_mult=2, epochs=3, steps=4, warmup=2, dropout=0.1)
