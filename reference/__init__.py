@@ -7,6 +7,7 @@ their bugs.
 """
 from reference.layers import (cross_entropy, dropout, embedding, ff, leaky_relu, linear, mha,
                               mhca, posenc, rms_norm, softmax)
+from reference.transformer import model
 
 __all__ = ["cross_entropy", "dropout", "embedding", "ff", "leaky_relu", "linear", "mha", "mhca",
-           "posenc", "rms_norm", "softmax"]
+           "model", "posenc", "rms_norm", "softmax"]

@@ -1,0 +1,273 @@
+"""Train the encoder-decoder transformer on a digit task with Adam (defaults: the article's run).
+
+``python -m experiments train`` reproduces the article's run: palindromes of 16 tokens, 256
+batches of 64 (171 train / 85 valid), 10 epochs of 64 shuffled steps, rate 1e-2 -> 1e-5 with a
+warm-up of 128 steps, the lab's intended schedule.  It prints the train and valid loss of every
+epoch, writes history.csv, steps.csv, loss.png, answers.txt, meta.json and checkpoint.npz into
+results/train/, and answers nine requests by greedy generation.  Every option is a field of
+Config; ``--schedule article`` runs the article's schedule (docs/training.md).
+
+Determinism: the data, the split, each epoch's shuffle and each epoch's dropout masks come from
+Generators seeded by (seed, stream, epoch), and BLAS runs on one thread, so the same seed gives
+bit-identical parameters and a run resumed from its last checkpoint ends where an uninterrupted
+one does.
+"""
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import time
+from typing import Callable, NamedTuple
+
+import numpy as np
+
+from experiments import checkpoint, common, tasks
+from kernels import model
+from kernels.optim import SCHEDULES, adam_init, adam_step
+
+NAME = "train"
+ORDER = 60
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    task: str = "palindrome"     # palindrome, pointer_index, sort, or one you add (docs/tasks.md)
+    max_tokens: int = 16         # T, tokens per sequence
+    batches: int = 256
+    batch: int = 64
+    valid_fraction: float = 1 / 3
+    d_model: int = 32
+    heads: int = 4
+    ff_mult: int = 4             # F = ff_mult * d_model
+    blocks: int = 1              # blocks per side
+    init_std: float = 0.1
+    epochs: int = 10
+    steps: int = 64              # training steps per epoch
+    start_rate: float = 1e-2
+    finish_rate: float = 1e-5
+    warmup: int = 128
+    schedule: str = "intended"   # intended | article
+    dropout: float = 0.0         # rate before the output layer (the article's first exercise)
+    dtype: str = "float64"
+    seed: int = 0
+    checkpoint: str = ""         # default: results/NAME/checkpoint.npz
+    resume: bool = False         # continue from the checkpoint
+    debug: bool = False          # stop at the first non-finite value, naming layer and step
+
+    def __post_init__(self):
+        tasks.get(self.task).check_tokens(self.max_tokens)
+        positive = ("batches", "batch", "d_model", "heads", "ff_mult", "blocks", "epochs", "steps")
+        for name in positive:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name}: expected a positive integer, got {value!r}")
+        if self.warmup < 0:
+            raise ValueError(f"warmup: expected a non-negative number of steps, got {self.warmup}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule: expected one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
+        if self.dtype not in ("float32", "float64"):
+            raise ValueError(f"dtype: expected float32 or float64, got {self.dtype!r}")
+        if not 0 <= self.dropout < 1:
+            raise ValueError(f"dropout: expected a rate in [0, 1), got {self.dropout}")
+        if not (self.start_rate > 0 and self.finish_rate >= 0):
+            raise ValueError(f"start_rate, finish_rate: expected > 0 and >= 0, got "
+                             f"{self.start_rate} and {self.finish_rate}")
+        if self.init_std <= 0:
+            raise ValueError(f"init_std: expected a positive scale, got {self.init_std}")
+        self.model_config()  # D % H, V <= D, even D: ValueError naming D, H or V
+
+    def model_config(self) -> model.ModelConfig:
+        if self.d_model % self.heads:
+            raise ValueError(f"d_model: {self.d_model} is not divisible by heads = {self.heads}")
+        if tasks.DIGITS + 2 > self.d_model:
+            raise ValueError(f"d_model: the orthogonal embeddings need V = {tasks.DIGITS + 2} <= "
+                             f"d_model, got d_model = {self.d_model}")
+        return model.ModelConfig(D=self.d_model, H=self.heads, F=self.ff_mult * self.d_model,
+                                 V=tasks.DIGITS + 2, blocks=self.blocks)
+
+
+class NonFiniteError(ValueError):
+    """Training met a NaN or an infinity."""
+
+
+def finite_watch(step):
+    """The debug mode's watch: stop at the first non-finite value, naming where it appeared."""
+    def watch(layer, direction, value):
+        if not np.all(np.isfinite(value)):
+            raise NonFiniteError(f"non-finite value at step {step}: layer {layer}, {direction} pass")
+    return watch
+
+
+class Fit(NamedTuple):
+    params: dict
+    history: list      # one dict per epoch
+    steps: list        # one dict per training step of this invocation
+    seconds: float
+    embedding: object
+
+
+def rate_and_t(config, epoch, i):
+    """The learning rate and Adam's bias-correction step for step i of an epoch."""
+    total = config.epochs * config.steps
+    schedule = SCHEDULES[config.schedule]
+    if config.schedule == "article":  # the article's loop restarts its counter each epoch
+        return schedule(i, total, config.start_rate, config.finish_rate, config.warmup), i + 1
+    step = epoch * config.steps + i
+    return schedule(step, total, config.start_rate, config.finish_rate, config.warmup), step + 1
+
+
+def evaluate(params, data, embedding):
+    """Mean loss over batches (B, 2, batch, T), without dropout."""
+    return float(np.mean([model.model_forward(b[0], b[1], params, embedding=embedding)[0]
+                          for b in data]))
+
+
+def fit(config: Config, ckpt_path, *, on_epoch: Callable | None = None, params=None) -> Fit:
+    """Train, writing a checkpoint after every epoch; resume from ckpt_path if config.resume.
+    on_epoch(epoch, row) is called after each epoch's checkpoint (a test stops a run there)."""
+    from threadpoolctl import threadpool_limits
+    mcfg = config.model_config()
+    dtype = np.dtype(config.dtype)
+    data = tasks.make_dataset(config.task, batches=config.batches, batch=config.batch,
+                              T=config.max_tokens, seed=config.seed)
+    train, valid = tasks.split(data, valid_fraction=config.valid_fraction, seed=config.seed)
+    embedding = model.embedding_table(mcfg, dtype)
+    history, first_epoch = [], 0
+    if config.resume:
+        saved = checkpoint.load(ckpt_path)
+        mismatch = {k: (v, saved.config.get(k)) for k, v in _resumable(config).items()
+                    if saved.config.get(k) != v}
+        if mismatch:
+            raise ValueError(f"resume: the checkpoint {ckpt_path} was written with other settings: "
+                             + ", ".join(f"{k} {b!r} there, {a!r} here" for k, (a, b) in mismatch.items()))
+        params, adam, first_epoch, history = saved.params, saved.adam, saved.epoch, saved.history
+    else:
+        params = params or model.init_params(mcfg, seed=config.seed, dtype=dtype, std=config.init_std)
+        adam = adam_init(params)
+    steps, start = [], time.perf_counter()
+    with threadpool_limits(limits=1, user_api="blas"):  # fast on small matrices, and reproducible
+        bar = common.progress(total=(config.epochs - first_epoch) * config.steps, desc=NAME)
+        for epoch in range(first_epoch, config.epochs):
+            order = np.random.default_rng([config.seed, 2, epoch]).permutation(len(train))
+            order = np.resize(order, config.steps)        # more steps than batches: wrap around
+            drop_rng = np.random.default_rng([config.seed, 3, epoch])
+            losses = []
+            for i, b in enumerate(order):
+                step = epoch * config.steps + i
+                rate, t = rate_and_t(config, epoch, i)
+                watch = finite_watch(step) if config.debug else None
+                loss, cache = model.model_forward(train[b, 0], train[b, 1], params,
+                                                  embedding=embedding, dropout=config.dropout,
+                                                  rng=drop_rng, watch=watch)
+                if not np.isfinite(loss):
+                    raise NonFiniteError(f"the loss became non-finite at step {step}; rerun with "
+                                         f"--debug true to find the layer")
+                _, grads = model.model_backward(dtype.type(1), cache, watch=watch)
+                params, adam = adam_step(params, grads, adam, rate, t=t)
+                losses.append(float(loss))
+                steps.append({"step": step, "epoch": epoch + 1, "loss": float(loss), "rate": rate})
+                bar.update(1)
+            row = {"epoch": epoch + 1, "train_loss": float(np.mean(losses)),
+                   "valid_loss": evaluate(params, valid, embedding), "rate": rate,
+                   "seconds": round(time.perf_counter() - start, 3)}
+            history.append(row)
+            checkpoint.save(ckpt_path, checkpoint.Checkpoint(params, adam, epoch + 1,
+                                                             dataclasses.asdict(config), history))
+            bar.write(f"epoch {epoch + 1:3d}  train {row['train_loss']:.4f}  "
+                      f"valid {row['valid_loss']:.4f}  rate {rate:.2e}")
+            if on_epoch is not None:
+                on_epoch(epoch + 1, row)
+        bar.close()
+    return Fit(params, history, steps, time.perf_counter() - start, embedding)
+
+
+def _resumable(config):
+    """The settings a resumed run must share with its checkpoint (all but where and how to run)."""
+    return {k: v for k, v in dataclasses.asdict(config).items()
+            if k not in ("checkpoint", "resume", "debug")}
+
+
+# --- answers and figures -------------------------------------------------------------------
+
+def show(tokens):
+    """Digits as text; Start, Finish and padding written as S, F."""
+    names = {tasks.DIGITS: "S", tasks.DIGITS + 1: "F"}
+    return " ".join(names.get(int(t), str(int(t))) for t in tokens)
+
+
+def answer(params, embedding, src, task_name):
+    """Greedy answers for src (n, T): rows of (request, answer tokens, correct?)."""
+    gen = model.generate(src, params, embedding=embedding)
+    expected = tasks.get(task_name).target(src)
+    rows = []
+    for s, out, want in zip(src, gen.tokens[:, 1:], expected):
+        T = len(want)
+        ok = len(out) > T and np.array_equal(out[:T], want) and out[T] == tasks.DIGITS + 1
+        rows.append((s, out, bool(ok)))
+    return rows
+
+
+def format_answers(rows):
+    return "\n".join(f"{show(s)}  ->  {show(out)}  {'correct' if ok else 'WRONG'}"
+                     for s, out, ok in rows)
+
+
+def plot_history(history, steps, path, title):
+    plt = common.pyplot()
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    ax.plot([s["step"] + 1 for s in steps], [s["loss"] for s in steps], lw=0.6, alpha=0.5,
+            label="train, per step")
+    per_epoch = max(len(steps) // max(len(history), 1), 1)
+    ax.plot([h["epoch"] * per_epoch for h in history], [h["valid_loss"] for h in history], "o-",
+            label="valid, per epoch")
+    ax.set(yscale="log", xlabel="training step", ylabel="cross-entropy (nats per token)",
+           title=title)
+    ax.legend()
+    common.save_figure(fig, path)
+
+
+@dataclasses.dataclass
+class Result:
+    summary: str
+    headlines: list
+    fit: Fit
+    answers: list
+
+
+def train_and_report(config: Config, name: str, *, requests=None, expected_valid=None,
+                     on_epoch=None) -> Result:
+    """fit() into results/name/, then the files, the answers and the headlines."""
+    out = common.results_dir(name)
+    ckpt_path = pathlib.Path(config.checkpoint) if config.checkpoint else out / "checkpoint.npz"
+    result = fit(config, ckpt_path, on_epoch=on_epoch)
+    common.write_csv(out / "history.csv", result.history)
+    if result.steps:
+        common.write_csv(out / "steps.csv", result.steps)
+        plot_history(result.history, result.steps, out / "loss.png",
+                     f"{config.task}, T = {config.max_tokens}, {config.schedule} schedule")
+    src = tasks.requests(config.task, config.max_tokens) if requests is None else requests
+    rows = answer(result.params, result.embedding, src, config.task)
+    text = format_answers(rows)
+    common.atomic_write_text(out / "answers.txt", text + "\n")
+    final = result.history[-1]["valid_loss"]
+    n_ok = sum(ok for _, _, ok in rows)
+    headlines = [common.Headline("correct answers to the requests", n_ok, len(rows),
+                                 "every request answered exactly", n_ok == len(rows))]
+    if expected_valid is not None:
+        headlines.insert(0, common.Headline(f"valid loss after {config.epochs} epochs", final,
+                                            expected_valid[0], expected_valid[1],
+                                            final <= expected_valid[0]))
+    per_step = result.seconds / max(len(result.steps), 1)
+    common.write_meta(out / "meta.json", config, result.seconds,
+                      seconds_per_step=per_step, final_valid_loss=final, correct_answers=n_ok)
+    summary = (f"valid loss {final:.4f} after {config.epochs} epochs; {n_ok}/{len(rows)} answers "
+               f"correct; {result.seconds:.1f} s ({1e3 * per_step:.1f} ms per step incl. "
+               f"validation)\n{text}")
+    return Result(summary, headlines, result, rows)
+
+
+def run(config: Config) -> Result:
+    expected = (0.0165, "the article's own code after 10 epochs (SEED_SPEC.md)") \
+        if config == Config(checkpoint=config.checkpoint, resume=config.resume,
+                            debug=config.debug) else None
+    return train_and_report(config, NAME, expected_valid=expected)

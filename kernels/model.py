@@ -1,0 +1,364 @@
+"""The whole encoder-decoder transformer, composed from the layer kernels.
+
+    encoder:  x = PE(E[src]);  per block: x = x + MHA(norm(x));  x = x + FF(norm(x))   -> Z
+    decoder:  y = PE(E[Start + target]);  per block: y = y + MHA_causal(norm(y));
+              y = y + MHCA(norm(y), Z);  y = y + FF(norm(y))
+              logits = Out(dropout(norm(y)))                  # the final norm, in training and generation
+    loss:     cross-entropy(logits, target + Finish)
+
+The embedding table E (V, D) is fixed, not trained (the article's orthogonal rows): it is passed
+as ``embedding=`` and cast to the parameters' dtype like the positional table.  The trained
+parameters live in one flat dict whose keys name the layer: ``enc0.attn.WQ``, ``enc0.ff.W1``,
+``dec0.self.WQ``, ``dec0.cross.WQ``, ``dec0.ff.b2``, ``out.W`` ...; the number of blocks per side,
+D, H, F and V are read from it.  The last two ids of the vocabulary are Start (V - 2) and
+Finish (V - 1); the article's V = 12 gives digits 0-9, Start 10, Finish 11.
+
+``model_backward`` calls the layers' backwards in the reverse order of ``model_forward``.
+A ``watch(layer, direction, array)`` callback, when given, sees every layer's output on the way
+forward and every gradient on the way back (training's debug mode stops at the first non-finite
+one).  ``decode`` is the one decoder: teacher-forced training and greedy ``generate`` both call it.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, NamedTuple
+
+import numpy
+
+from kernels.attention import mha_backward, mha_forward, mhca_backward, mhca_forward
+from kernels.backend import array_module, check_float, check_ids, check_params
+from kernels.dropout import dropout_backward, dropout_forward
+from kernels.embedding import embedding_forward, orthogonal_embedding
+from kernels.feedforward import ff_backward, ff_forward
+from kernels.linear import linear_backward, linear_forward
+from kernels.loss import cross_entropy_backward, cross_entropy_forward
+from kernels.norm import rms_norm_backward, rms_norm_forward
+from kernels.positional import posenc_backward, posenc_forward
+
+
+# --- configuration and parameters --------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Sizes of the model (the article's defaults).  Parameters do not depend on the length T."""
+    D: int = 32       # model width
+    H: int = 4        # heads, P = D / H
+    F: int = 128      # feed-forward width
+    V: int = 12       # vocabulary: V - 2 data tokens, then Start and Finish
+    blocks: int = 1   # blocks per side (encoder and decoder each)
+
+    def __post_init__(self):
+        for name in ("D", "H", "F", "V", "blocks"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, numpy.integer)) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name}: expected a positive integer, got {value!r}")
+        if self.D % self.H:
+            raise ValueError(f"D: the width D = {self.D} must be divisible by H = {self.H} heads")
+        if self.D % 2:
+            raise ValueError(f"D: the positional encoding needs an even width, got D = {self.D}")
+        if self.V < 3:
+            raise ValueError(f"V: expected at least 3 ids (one data token, Start, Finish), got {self.V}")
+        if self.V > self.D:
+            raise ValueError(f"V: orthogonal embeddings need V <= D, got V = {self.V} > D = {self.D}")
+
+    @property
+    def start(self) -> int:
+        return self.V - 2
+
+    @property
+    def finish(self) -> int:
+        return self.V - 1
+
+
+def _attention_shapes(c):
+    P = c.D // c.H
+    return {"WQ": (c.H, P, P), "WK": (c.H, P, P), "WV": (c.H, P, P), "WO": (c.D, c.D)}
+
+
+def _ff_shapes(c):
+    return {"W1": (c.D, c.F), "b1": (c.F,), "W2": (c.F, c.D), "b2": (c.D,)}
+
+
+def prefixed(prefix, mapping):
+    """{'WQ': a} -> {'enc0.attn.WQ': a}."""
+    return {prefix + key: value for key, value in mapping.items()}
+
+
+def sub(params, prefix):
+    """The inverse of prefixed: the entries of one layer, with the prefix removed."""
+    return {key[len(prefix):]: value for key, value in params.items() if key.startswith(prefix)}
+
+
+def param_shapes(config: ModelConfig) -> dict:
+    """Every trained parameter's name and shape, in the order the initialiser draws them."""
+    shapes = {}
+    for i in range(config.blocks):
+        shapes.update(prefixed(f"enc{i}.attn.", _attention_shapes(config)))
+        shapes.update(prefixed(f"enc{i}.ff.", _ff_shapes(config)))
+    for i in range(config.blocks):
+        shapes.update(prefixed(f"dec{i}.self.", _attention_shapes(config)))
+        shapes.update(prefixed(f"dec{i}.cross.", _attention_shapes(config)))
+        shapes.update(prefixed(f"dec{i}.ff.", _ff_shapes(config)))
+    shapes.update({"out.W": (config.D, config.V), "out.b": (config.V,)})
+    return shapes
+
+
+def init_params(config: ModelConfig, *, seed=0, dtype=numpy.float32, std=0.1, bias_std=0.0):
+    """Weights normal(0, std), biases normal(0, bias_std) (zero by default), from default_rng(seed)."""
+    rng = numpy.random.default_rng(seed)
+    params = {}
+    for key, shape in param_shapes(config).items():
+        scale = bias_std if key.rsplit(".", 1)[1].startswith("b") else std
+        params[key] = (scale * rng.standard_normal(shape)).astype(dtype)
+    return params
+
+
+def embedding_table(config: ModelConfig, dtype=numpy.float32):
+    """The article's fixed orthogonal table (V, D), from default_rng(13)."""
+    return orthogonal_embedding(config.V, config.D, dtype=dtype)
+
+
+def config_of(params) -> ModelConfig:
+    """Read the sizes from a parameter dict and check it has exactly the expected entries."""
+    if not isinstance(params, dict) or "out.W" not in params or "enc0.attn.WQ" not in params \
+            or "enc0.ff.W1" not in params:
+        got = sorted(params)[:6] if isinstance(params, dict) else type(params).__name__
+        raise ValueError(f"params: expected the model's dict ('enc0.attn.WQ', 'enc0.ff.W1', ..., "
+                         f"'out.W'), got {got}")
+    D, V = params["out.W"].shape
+    H = params["enc0.attn.WQ"].shape[0]
+    F = params["enc0.ff.W1"].shape[1]
+    blocks = sum(1 for key in params if key.endswith(".attn.WQ"))
+    config = ModelConfig(D=int(D), H=int(H), F=int(F), V=int(V), blocks=blocks)
+    check_params("model", params, param_shapes(config), params["out.W"].dtype)
+    return config
+
+
+# --- the shared pieces: embedding and a pre-norm residual sublayer -------------------------
+
+def _notify(watch, layer, direction, value):
+    if watch is not None:
+        watch(layer, direction, value)
+
+
+def _embed(ids, embedding, config, dtype, xp):
+    """PE(E[ids]): (B, T) -> (B, T, D).  The fixed table is a constant, cast to the model's dtype."""
+    check_float("embedding", embedding, ndim=2)
+    if tuple(embedding.shape) != (config.V, config.D):
+        raise ValueError(f"embedding: expected shape (V, D) = ({config.V}, {config.D}), "
+                         f"got {tuple(embedding.shape)}")
+    x, _ = embedding_forward(ids, {"E": xp.asarray(embedding, dtype=dtype)})  # (B, T, D)
+    x, _ = posenc_forward(x, {})                                               # (B, T, D)
+    return x  # nothing to cache: the table is not trained and PE passes gradients through
+
+
+class SublayerCache(NamedTuple):
+    norm: object   # RmsNormCache of the sublayer's input
+    layer: object  # the layer's own cache
+
+
+def _sublayer(x, name, layer_forward, params, extra=(), watch=None, **static):
+    """x + layer(norm(x), *extra): the pre-norm residual step.  x: (B, T, D) -> (B, T, D)."""
+    n, norm_cache = rms_norm_forward(x, {})                         # (B, T, D)
+    y, layer_cache = layer_forward(n, *extra, sub(params, name + "."), **static)  # (B, T, D)
+    _notify(watch, name, "forward", y)
+    return x + y, SublayerCache(norm_cache, layer_cache)
+
+
+def _sublayer_backward(dx, name, layer_backward, cache, grads, watch=None):
+    """Through the layer, then the norm, plus the residual path.  Returns (dx, dextra or None)."""
+    dinputs, layer_grads = layer_backward(dx, cache.layer)
+    dn, dextra = dinputs if isinstance(dinputs, tuple) else (dinputs, None)  # cross-attention: (dx, dz)
+    grads.update(prefixed(name + ".", layer_grads))
+    dn, _ = rms_norm_backward(dn, cache.norm)                       # (B, T, D) through the norm
+    _notify(watch, name, "backward", dn)
+    return dx + dn, dextra                                          # residual: both paths add
+
+
+# --- encoder -------------------------------------------------------------------------------
+
+class EncoderBlockCache(NamedTuple):
+    attn: SublayerCache
+    ff: SublayerCache
+
+
+class EncoderCache(NamedTuple):
+    blocks: tuple  # EncoderBlockCache per block
+
+
+def encode(src, params, *, embedding, watch=None, config=None):
+    """Z = encoder(src).  src: (B, S) ids -> (B, S, D), no final norm (as in the article).
+    ``config``: the sizes when the caller has already validated params with config_of."""
+    config = config or config_of(params)
+    dtype, xp = params["out.W"].dtype, array_module(params["out.W"])
+    x = _embed(src, embedding, config, dtype, xp)                                  # (B, S, D)
+    blocks = []
+    for i in range(config.blocks):
+        x, attn = _sublayer(x, f"enc{i}.attn", mha_forward, params, watch=watch)  # (B, S, D)
+        x, ff = _sublayer(x, f"enc{i}.ff", ff_forward, params, watch=watch)       # (B, S, D)
+        blocks.append(EncoderBlockCache(attn, ff))
+    return x, EncoderCache(tuple(blocks))
+
+
+def encode_backward(dz, cache, grads, watch=None):
+    """Back through the encoder blocks in reverse; adds their gradients to grads."""
+    dx = dz                                                                        # (B, S, D)
+    for i in reversed(range(len(cache.blocks))):
+        block = cache.blocks[i]
+        dx, _ = _sublayer_backward(dx, f"enc{i}.ff", ff_backward, block.ff, grads, watch)
+        dx, _ = _sublayer_backward(dx, f"enc{i}.attn", mha_backward, block.attn, grads, watch)
+    dx, _ = posenc_backward(dx, None)  # (B, S, D) the fixed embedding table takes no gradient
+    return dx
+
+
+# --- decoder -------------------------------------------------------------------------------
+
+class DecoderBlockCache(NamedTuple):
+    self_attn: SublayerCache
+    cross: SublayerCache
+    ff: SublayerCache
+
+
+class DecoderCache(NamedTuple):
+    blocks: tuple      # DecoderBlockCache per block
+    final_norm: object  # RmsNormCache
+    dropout: object    # DropoutCache, or None without dropout
+    out: object        # LinearCache of the output projection
+
+
+def decode(y_in, z, params, *, embedding, dropout=0.0, dropout_mask=None, rng=None, watch=None,
+           config=None):
+    """Logits for every decoder position.  y_in: (B, T+1) ids starting with Start; z: (B, S, D)
+    -> (B, T+1, V).  The same function serves training (teacher forcing) and generation."""
+    config = config or config_of(params)
+    dtype, xp = params["out.W"].dtype, array_module(params["out.W"])
+    check_float("z", z, ndim=3)
+    if z.shape[0] != y_in.shape[0] or z.shape[2] != config.D or z.dtype != dtype:
+        raise ValueError(f"z: expected ({y_in.shape[0]}, S, {config.D}) of dtype {dtype}, "
+                         f"got {tuple(z.shape)} of {z.dtype}")
+    y = _embed(y_in, embedding, config, dtype, xp)                                  # (B, T+1, D)
+    blocks = []
+    for i in range(config.blocks):
+        y, self_attn = _sublayer(y, f"dec{i}.self", mha_forward, params, watch=watch,
+                                 causal=True)                                       # (B, T+1, D)
+        y, cross = _sublayer(y, f"dec{i}.cross", mhca_forward, params, (z,), watch)  # (B, T+1, D)
+        y, ff = _sublayer(y, f"dec{i}.ff", ff_forward, params, watch=watch)         # (B, T+1, D)
+        blocks.append(DecoderBlockCache(self_attn, cross, ff))
+    n, final_norm = rms_norm_forward(y, {})                                          # (B, T+1, D)
+    drop = None
+    if dropout:
+        n, drop = dropout_forward(n, {}, rate=dropout, mask=dropout_mask,
+                                  rng=None if dropout_mask is not None else rng)     # (B, T+1, D)
+    logits, out = linear_forward(n, sub(params, "out."))                             # (B, T+1, V)
+    _notify(watch, "out", "forward", logits)
+    return logits, DecoderCache(tuple(blocks), final_norm, drop, out)
+
+
+def decode_backward(dlogits, cache, grads, watch=None):
+    """Back through the output layer, the final norm and the blocks in reverse.  Returns dz."""
+    dn, out_grads = linear_backward(dlogits, cache.out)                              # (B, T+1, D)
+    grads.update(prefixed("out.", out_grads))
+    _notify(watch, "out", "backward", dn)
+    if cache.dropout is not None:
+        dn, _ = dropout_backward(dn, cache.dropout)                                  # (B, T+1, D)
+    dy, _ = rms_norm_backward(dn, cache.final_norm)                                  # (B, T+1, D)
+    dz = 0
+    for i in reversed(range(len(cache.blocks))):
+        block = cache.blocks[i]
+        dy, _ = _sublayer_backward(dy, f"dec{i}.ff", ff_backward, block.ff, grads, watch)
+        dy, dz_i = _sublayer_backward(dy, f"dec{i}.cross", mhca_backward, block.cross, grads, watch)
+        dz = dz + dz_i                                      # (B, S, D) every block reads Z
+        dy, _ = _sublayer_backward(dy, f"dec{i}.self", mha_backward, block.self_attn, grads, watch)
+    posenc_backward(dy, None)  # (B, T+1, D) stops at the fixed embedding table
+    return dz
+
+
+# --- the whole model: loss, forward and backward ------------------------------------------
+
+class ModelCache(NamedTuple):
+    encoder: EncoderCache
+    decoder: DecoderCache
+    loss: object    # CrossEntropyCache
+    logits: object  # (B, T+1, V), for accuracy and inspection
+    order: tuple    # the parameter names, so the gradients come back in the same order
+
+
+def teacher_forcing(tgt, config, xp):
+    """Decoder input [Start] + target and output target + [Finish]: (B, T) -> two (B, T+1)."""
+    B = tgt.shape[0]
+    start = xp.full((B, 1), config.start, dtype=tgt.dtype)     # (B, 1)
+    finish = xp.full((B, 1), config.finish, dtype=tgt.dtype)   # (B, 1)
+    return xp.concatenate([start, tgt], axis=1), xp.concatenate([tgt, finish], axis=1)
+
+
+def model_forward(src, tgt, params, *, embedding, dropout=0.0, dropout_mask=None, rng=None,
+                  watch: Callable | None = None):
+    """Training loss of the whole model.  src: (B, S) ids; tgt: (B, T) ids; params as
+    ``init_params``; embedding: the fixed (V, D) table.  Dropout (rate ``dropout``) zeroes entries
+    of the final-normalised decoder stream before the output layer, with ``dropout_mask`` (B, T+1, D)
+    or a seeded Generator ``rng``.  Returns (loss, cache)."""
+    config = config_of(params)
+    check_ids("src", src, config.V)
+    check_ids("tgt", tgt, config.V)
+    if src.ndim != 2 or tgt.ndim != 2 or src.shape[0] != tgt.shape[0]:
+        raise ValueError(f"src, tgt: expected (B, S) and (B, T) with the same B, "
+                         f"got {tuple(src.shape)} and {tuple(tgt.shape)}")
+    xp = array_module(params["out.W"])
+    z, encoder = encode(src, params, embedding=embedding, watch=watch, config=config)  # (B, S, D)
+    y_in, y_out = teacher_forcing(tgt, config, xp)                                  # (B, T+1) each
+    logits, decoder = decode(y_in, z, params, embedding=embedding, dropout=dropout,
+                             dropout_mask=dropout_mask, rng=rng, watch=watch, config=config)
+    loss, loss_cache = cross_entropy_forward(logits, y_out, {})                     # ()
+    _notify(watch, "loss", "forward", loss)
+    return loss, ModelCache(encoder, decoder, loss_cache, logits, tuple(params))
+
+
+def model_backward(dloss, cache, *, watch: Callable | None = None):
+    """Every parameter's gradient, the layers' backwards called in reverse order.
+    Returns ((None, None), grads): token ids take no gradient; grads has the keys of params."""
+    (dlogits, _), _ = cross_entropy_backward(dloss, cache.loss)                     # (B, T+1, V)
+    _notify(watch, "loss", "backward", dlogits)
+    grads = {}
+    dz = decode_backward(dlogits, cache.decoder, grads, watch)                      # (B, S, D)
+    encode_backward(dz, cache.encoder, grads, watch)
+    return (None, None), {key: grads[key] for key in cache.order}
+
+
+# --- greedy generation ---------------------------------------------------------------------
+
+class Generated(NamedTuple):
+    tokens: object  # (B, 1 + steps) Start, then the generated ids (pad after a sequence's Finish)
+    logits: object  # (B, steps, V) the last-position logits of each step
+    steps: int      # decoder steps run (fewer than max_new when every sequence finished early)
+
+
+def generate(src, params, *, embedding, max_new=None, pad=None):
+    """Greedy decoding: encode once, start from [Start], append the argmax of the last position.
+    Stops as soon as every sequence has produced Finish; later positions of a finished sequence
+    hold ``pad`` (Finish by default).  ``max_new`` defaults to S + 1 (S tokens and Finish)."""
+    config = config_of(params)
+    check_ids("src", src, config.V)
+    if src.ndim != 2:
+        raise ValueError(f"src: expected rank 2 (B, S), got shape {tuple(src.shape)}")
+    pad = config.finish if pad is None else pad
+    if not isinstance(pad, (int, numpy.integer)) or not 0 <= pad < config.V:
+        raise ValueError(f"pad: expected an id in [0, {config.V}), got {pad!r}")
+    max_new = src.shape[1] + 1 if max_new is None else max_new
+    if not isinstance(max_new, (int, numpy.integer)) or max_new < 1:
+        raise ValueError(f"max_new: expected a positive integer, got {max_new!r}")
+    xp = array_module(params["out.W"])
+    z, _ = encode(src, params, embedding=embedding, config=config)                  # (B, S, D)
+    B = src.shape[0]
+    tokens = xp.full((B, 1), config.start, dtype=src.dtype)                          # (B, 1)
+    done = xp.zeros(B, dtype=bool)                                                   # (B,)
+    step_logits = []
+    for _ in range(max_new):
+        logits, _ = decode(tokens, z, params, embedding=embedding, config=config)    # (B, t, V)
+        last = logits[:, -1]                                                         # (B, V)
+        nxt = xp.where(done, pad, last.argmax(axis=-1)).astype(src.dtype)            # (B,)
+        tokens = xp.concatenate([tokens, nxt[:, None]], axis=1)                      # (B, t + 1)
+        step_logits.append(last)
+        done = done | (nxt == config.finish)
+        if bool(done.all()):
+            break
+    return Generated(tokens, xp.stack(step_logits, axis=1), len(step_logits))

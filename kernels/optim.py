@@ -1,0 +1,80 @@
+"""Adam and the learning-rate schedules: the lab's intended one and the article's, by name.
+
+Adam (Kingma & Ba 2015): m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2;
+p -= rate * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps), with t the step used for the bias
+correction.  The lab counts t globally (1, 2, ... over the whole run); the article's training loop
+restarts its step counter every epoch, so its bias correction restarts while m and v carry over.
+The trainer chooses t; the optimiser only applies it.
+
+Schedules map a 0-based step to a rate:
+
+* ``intended``: linear warm-up to start over ``warmup`` steps (the first step already gets
+  start / warmup), then linear decay to ``finish`` at the last step (total - 1); clamped to
+  [finish, start], so never negative.
+* ``article``: the same warm-up from 0 (its first step has rate 0), then
+  ``start - (start - finish) * step / (total - warmup)``.  SEED_SPEC.md gives the article's
+  behaviour, not its expression: this decay uses the step instead of the steps since the
+  warm-up, so it reaches 0 at step (total - warmup) * start / (start - finish), before the end,
+  and is negative afterwards, as described.  Called with the epoch's step counter (as the
+  article's loop does) it never leaves the warm-up when an epoch is shorter than ``warmup``.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from kernels.backend import array_module
+
+
+class AdamState(NamedTuple):
+    m: dict  # first moments, keys of params
+    v: dict  # second moments
+    t: int   # optimiser steps taken so far (the global count)
+
+
+def adam_init(params) -> AdamState:
+    """Zero moments with the parameters' shapes and dtypes."""
+    return AdamState({k: array_module(p).zeros_like(p) for k, p in params.items()},
+                     {k: array_module(p).zeros_like(p) for k, p in params.items()}, 0)
+
+
+def adam_step(params, grads, state: AdamState, rate, *, beta1=0.9, beta2=0.999, eps=1e-8,
+              t=None):
+    """One Adam update.  Returns (new params, new state); nothing is modified in place.
+    t: the step of the bias correction (1-based); by default the global count state.t + 1."""
+    if set(grads) != set(params):
+        raise ValueError(f"grads: expected the keys of params, missing {sorted(set(params) - set(grads))}, "
+                         f"extra {sorted(set(grads) - set(params))}")
+    t = state.t + 1 if t is None else int(t)
+    if t < 1:
+        raise ValueError(f"t: the bias-correction step counts from 1, got {t}")
+    correct1, correct2 = 1 / (1 - beta1 ** t), 1 / (1 - beta2 ** t)  # Python floats: dtype-neutral
+    new_params, new_m, new_v = {}, {}, {}
+    for key, p in params.items():
+        g = grads[key]
+        if g.shape != p.shape or g.dtype != p.dtype:
+            raise ValueError(f"grads[{key!r}]: expected {p.shape} {p.dtype}, got {g.shape} {g.dtype}")
+        xp = array_module(p)
+        m = beta1 * state.m[key] + (1 - beta1) * g          # first moment
+        v = beta2 * state.v[key] + (1 - beta2) * (g * g)    # second moment
+        new_params[key] = p - rate * (m * correct1) / (xp.sqrt(v * correct2) + eps)
+        new_m[key], new_v[key] = m, v
+    return new_params, AdamState(new_m, new_v, state.t + 1)
+
+
+def intended_rate(step, total, start, finish, warmup):
+    """Warm-up to start, then linear decay to finish at step total - 1, never below finish."""
+    if step < warmup:
+        return start * (step + 1) / warmup
+    span = max(total - 1 - warmup, 1)
+    frac = min(max((step - warmup) / span, 0.0), 1.0)
+    return finish + (start - finish) * (1 - frac)  # exactly finish at the end
+
+
+def article_rate(step, total, start, finish, warmup):
+    """The article's behaviour (see the module docstring): zero before the end, then negative."""
+    if step < warmup:
+        return start * step / warmup
+    return start - (start - finish) * step / (total - warmup)
+
+
+SCHEDULES = {"intended": intended_rate, "article": article_rate}
