@@ -22,6 +22,9 @@ from experiments import common, timing
 NAME = "bench"
 IN_ALL = False  # a benchmark, not a study: `python -m experiments bench` or `make bench`
 LAYER_SIZES = {"B": 64, "T": 17, "S": 16, "D": 32, "H": 4, "F": 128, "V": 12}  # the article's
+# Training-step sizes: the article's, and a larger one (B batch, T tokens per sequence).
+STEP_SIZES = {"article": dict(B=64, T=16, D=32, H=4, F=128, V=12),
+              "large": dict(B=32, T=64, D=256, H=8, F=1024, V=12)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,8 +32,11 @@ class Config:
     backend: str = "numpy"      # numpy or cupy
     repeats: int = 30
     warmup: int = 5
-    threads: int = 0            # BLAS threads for the lab's kernels; 0 = the library's default
+    threads: int = 1            # BLAS threads for the lab's kernels (training's setting); 0 = default
+    sizes: tuple[str, ...] = ("article", "large")  # training-step sizes to time
+    dtype: str = "float32"
     layers: bool = True         # also time every layer on its own
+    extras: bool = True         # also time a whole-model gradient check and the sqrt(d) study
     seed: int = 0
 
     def __post_init__(self):
@@ -40,6 +46,11 @@ class Config:
             raise ValueError(f"repeats: expected >= 1 (and warmup >= 0), got {self.repeats}, {self.warmup}")
         if self.threads < 0:
             raise ValueError(f"threads: expected >= 0, got {self.threads}")
+        unknown = [name for name in self.sizes if name not in STEP_SIZES]
+        if unknown:
+            raise ValueError(f"sizes: expected names from {sorted(STEP_SIZES)}, got {unknown}")
+        if self.dtype not in ("float32", "float64"):
+            raise ValueError(f"dtype: expected float32 or float64, got {self.dtype!r}")
 
 
 @dataclasses.dataclass
@@ -101,6 +112,74 @@ def layer_rows(config, xp):
     return rows
 
 
+def step_row(config, xp, name):
+    """One training step (forward, backward, Adam) of the lab against the jitted JAX step."""
+    import jax
+    import jax.numpy as jnp
+
+    import reference
+    from kernels import model
+    from kernels.optim import adam_init, adam_step
+    s = STEP_SIZES[name]
+    dtype = np.dtype(config.dtype)
+    mcfg = model.ModelConfig(D=s["D"], H=s["H"], F=s["F"], V=s["V"])
+    rng = np.random.default_rng(config.seed)
+    src = rng.integers(0, s["V"] - 2, (s["B"], s["T"]))
+    tgt = rng.integers(0, s["V"] - 2, (s["B"], s["T"]))
+    embedding = model.embedding_table(mcfg, dtype)
+    params = {k: xp.asarray(v) for k, v in model.init_params(mcfg, seed=config.seed, dtype=dtype).items()}
+    d_src, d_tgt, d_emb = xp.asarray(src), xp.asarray(tgt), xp.asarray(embedding)
+    state = {"params": params, "adam": adam_init(params)}
+
+    def lab():
+        loss, cache = model.model_forward(d_src, d_tgt, state["params"], embedding=d_emb)
+        _, grads = model.model_backward(dtype.type(1), cache)
+        state["params"], state["adam"] = adam_step(state["params"], grads, state["adam"], 1e-3)
+        return loss
+
+    def jax_step(params, m, v, t, src, tgt):
+        loss, g = jax.value_and_grad(lambda p: reference.model(src, tgt, p, embedding=embedding))(params)
+        m = jax.tree_util.tree_map(lambda m, g: 0.9 * m + 0.1 * g, m, g)
+        v = jax.tree_util.tree_map(lambda v, g: 0.999 * v + 0.001 * g * g, v, g)
+        c1, c2 = 1 / (1 - 0.9 ** t), 1 / (1 - 0.999 ** t)
+        params = jax.tree_util.tree_map(lambda p, m, v: p - 1e-3 * (m * c1) / (jnp.sqrt(v * c2) + 1e-8),
+                                        params, m, v)
+        return params, m, v, t + 1, loss
+
+    host = {k: jnp.asarray(np.asarray(v.get() if hasattr(v, "get") else v)) for k, v in params.items()}
+    zeros = jax.tree_util.tree_map(jnp.zeros_like, host)
+    jstate = [host, zeros, zeros, jnp.asarray(1.0, dtype), jnp.asarray(src), jnp.asarray(tgt)]
+    compiled = jax.jit(jax_step).lower(*jstate).compile()
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    flops = float(cost.get("flops", float("nan"))) if cost else float("nan")
+
+    def jax_run():
+        jstate[:4] = compiled(*jstate)[:4]
+        return jstate[0]
+
+    with timing.blas_threads(config.threads):
+        t = timing.compare({"lab": lab, "jax": jax_run}, repeats=config.repeats, warmup=config.warmup)
+    return {"what": f"training step, {name} " + " ".join(f"{k}{v}" for k, v in s.items()),
+            "lab_ms": 1e3 * t["lab"], "jax_ms": 1e3 * t["jax"], "ratio": t["lab"] / t["jax"],
+            "flops": flops, "lab_flops_per_s": flops / t["lab"]}
+
+
+def extras_rows(config):
+    """Single timings of a whole-model gradient check and of the sqrt(d) study at defaults."""
+    from checks.registry import BY_NAME, run_row
+    from experiments import sqrt_d
+    rows = []
+    start = time.perf_counter()
+    report = run_row(BY_NAME["model"], np.float64, seed=config.seed)
+    rows.append({"what": "whole-model gradient check (float64)",
+                 "note": f"{time.perf_counter() - start:.2f} s, {'ok' if report.ok else 'FAILED'}"})
+    start = time.perf_counter()
+    sqrt_d.run(sqrt_d.Config())
+    rows.append({"what": "sqrt(d) study at defaults", "note": f"{time.perf_counter() - start:.2f} s"})
+    return rows
+
+
 def _merge(full, diff, values):
     full = list(full)
     for i, value in zip(diff, values):
@@ -114,6 +193,8 @@ def format_rows(rows) -> str:
     for r in rows:
         lines.append(f"{r['what']:34s} {r['lab_ms']:9.3f} {r['jax_ms']:11.3f} {r['ratio']:8.2f}"
                      if "ratio" in r else f"{r['what']:34s} {r.get('note', '')}")
+        if "ratio" in r and r.get("note"):
+            lines.append(f"{'':34s} {r['note']}")
     return "\n".join(lines)
 
 
@@ -124,14 +205,25 @@ def run(config: Config) -> Result:
     with timing.blas_threads(config.threads):
         ceiling = timing.matmul_rate(xp, np.float32)
     rows.append({"what": "float32 matmul 1024^3", "note": f"{ceiling / 1e9:.1f} GFLOP/s (the ceiling)"})
+    for name in common.progress(config.sizes, desc="training steps"):
+        row = step_row(config, xp, name)
+        row["note"] = (f"lab at {row['lab_flops_per_s'] / 1e9:.1f} GFLOP/s = "
+                       f"{row['lab_flops_per_s'] / ceiling:.0%} of the matmul ceiling "
+                       f"({row['flops'] / 1e6:.0f} MFLOP per step, counted by XLA)")
+        rows.append(row)
     if config.layers:
         rows += layer_rows(config, xp)
+    if config.extras:
+        rows += extras_rows(config)
     table = format_rows(rows)
     print(table)
     out = common.results_dir(NAME)
     meta = {"backend": config.backend, "blas": timing.blas_info(), "matmul_flops": ceiling}
     common.atomic_write_text(out / "bench.json", json.dumps({"rows": rows, **meta}, indent=2))
-    common.write_csv(out / "data.csv", [{k: r.get(k, "") for k in ("what", "lab_ms", "jax_ms", "ratio", "note")}
+    common.write_csv(out / "data.csv", [{k: r.get(k, "") for k in ("what", "lab_ms", "jax_ms", "ratio", "flops", "note")}
                                         for r in rows])
     common.write_meta(out / "meta.json", config, time.perf_counter() - start, **meta)
-    return Result(rows, f"matmul ceiling {ceiling / 1e9:.1f} GFLOP/s; see results/bench/bench.json", [])
+    steps = [r for r in rows if r["what"].startswith("training step")]
+    summary = "; ".join(f"{r['what'].split(',')[1].split()[0]} step lab/jax {r['ratio']:.2f}"
+                        for r in steps)
+    return Result(rows, f"{summary}; matmul ceiling {ceiling / 1e9:.1f} GFLOP/s", [])

@@ -18,11 +18,5 @@ def test_layer_gradients(row, dtype, xp):
     _, params, _ = row.case(np.random.default_rng(0), dtype)
     assert {t.name for t in report.tensors} >= set(params)
     assert all(t.hand_vs_autodiff <= t.tol for t in report.tensors)
-
-
-def test_float64_hand_matches_autodiff_to_1e10():
-    """The issue's bar: in float64 every layer's hand gradient is within ~1e-10 of autodiff."""
-    for row in ROWS:
-        report = run_row(row, np.float64, seed=2)
-        worst = max(t.hand_vs_autodiff for t in report.tensors)
-        assert worst < 1e-10, f"{row.name}: {worst:.1e}"
+    if np.dtype(dtype) == np.float64:  # the foundation's bar: float64 hand within ~1e-10 of autodiff
+        assert max(t.hand_vs_autodiff for t in report.tensors) < 1e-10

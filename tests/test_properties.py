@@ -14,7 +14,11 @@ sizes = st.fixed_dictionaries({
 
 
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(row=st.sampled_from(ROWS), s=sizes, dtype=st.sampled_from([np.float32, np.float64]),
+# The whole model has its own tests (tests/test_model.py); each new shape would recompile its oracle.
+LAYERS = [row for row in ROWS if row.name != "model"]
+
+
+@given(row=st.sampled_from(LAYERS), s=sizes, dtype=st.sampled_from([np.float32, np.float64]),
        seed=st.integers(0, 2**31 - 1))
 def test_random_shapes_agree_with_oracle(row, s, dtype, seed):
     report = run_row(row, dtype, seed=seed, sizes=s)
