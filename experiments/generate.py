@@ -22,7 +22,7 @@ ORDER = 70  # after train, whose checkpoint it reads by default
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-    checkpoint: str = "results/train/checkpoint.npz"
+    checkpoint: str = ""   # default: the train study's checkpoint under the results folder
     requests: str = ""    # digits separated by spaces or commas, requests by ';'; "" = the nine
     max_new: int = 0      # decoder steps at most; 0 = request length + 1 (the digits and Finish)
     pad: int = -1         # id written after a sequence's Finish; -1 = Finish
@@ -44,7 +44,7 @@ def parse_requests(text):
 
 
 def run(config: Config):
-    saved = checkpoint.load(config.checkpoint)
+    saved = checkpoint.load(config.checkpoint or common.RESULTS / "train" / "checkpoint.npz")
     params = saved.params
     mcfg = model.config_of(params)
     table = model.embedding_table(mcfg, params["out.W"].dtype)

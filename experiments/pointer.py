@@ -23,7 +23,7 @@ class Config(train.Config):
     blocks: int = 1
     d_model: int = 32
     heads: int = 1
-    epochs: int = 15
+    epochs: int = 20
     start_rate: float = 1e-2
     dtype: str = "float32"
 
