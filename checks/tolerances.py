@@ -47,12 +47,28 @@ def grad_tol(dtype, k):
     return SAFETY * numpy.sqrt(max(int(k), 1)) * unit_roundoff(dtype)
 
 
-def fd_step(scale):
-    """Central-difference step for a float64 tensor of typical magnitude scale: u^(1/3) rule."""
-    return U64 ** (1 / 3) * max(1.0, float(scale))
+def fd_step(scale, u=U64):
+    """Central-difference step for a tensor of typical magnitude scale: the u^(1/3) rule."""
+    return u ** (1 / 3) * max(1.0, float(scale))
 
 
-def fd_tol(rounding_abs, h, scale):
-    """Relative tolerance of a float64 central difference (see the module docstring)."""
+def fd_tol(rounding_abs, h, scale, u=U64):
+    """Relative tolerance of a central difference (see the module docstring)."""
     scale = max(scale, numpy.finfo(numpy.float64).tiny)
-    return FD_SAFETY * U64 ** (2 / 3) + 4 * U64 * rounding_abs / (h * scale)
+    return FD_SAFETY * u ** (2 / 3) + 4 * u * rounding_abs / (h * scale)
+
+
+def richardson_step(scale, u=U64):
+    """Step of Richardson's (4 D(h) - D(2h)) / 3: truncation h^4 against rounding u / h."""
+    return u ** (1 / 5) * max(1.0, float(scale))
+
+
+def richardson_tol(rounding_abs, h, scale, u=U64):
+    """The truncation error falls to order u^(4/5); the rounding term grows by (4 + 1/2) / 3."""
+    scale = max(scale, numpy.finfo(numpy.float64).tiny)
+    return FD_SAFETY * u ** (4 / 5) + 6 * u * rounding_abs / (h * scale)
+
+
+def complex_step_tol():
+    """Im L(x + i h v) / h has no subtraction: it is as accurate as autodiff, a few hundred u."""
+    return FD_SAFETY * U64 * 10

@@ -1,0 +1,240 @@
+"""The two trusted legs of a check: autodiff of the JAX oracle and finite differences.
+
+Both differentiate L(x) = <f(x), dout> for a random upstream gradient ``dout``.
+
+* autodiff: ``jax.vjp`` of the oracle in float64, compiled once per (oracle, static arguments,
+  shapes) with ``jax.jit`` (a new shape costs ~0.8 s instead of ~3 s op by op); an oracle that
+  cannot be traced (NumPy calls on its arguments) runs eagerly instead.
+* finite differences of the hand forward, in float64: central differences with the u^(1/3) step
+  (default), Richardson extrapolation of two central differences (option), or the complex step
+  on the oracle (option, analytic layers only: the kernels accept real floats by contract).
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from checks import tolerances
+from kernels.backend import to_numpy
+
+FD_ELEMENTWISE_MAX = 256  # tensors up to this many elements also get an element-wise check
+FD_DIRECTIONS = 3         # random directions per tensor, always
+FD_SCHEMES = ("central", "richardson", "complex")
+
+
+# --- autodiff ------------------------------------------------------------------------------
+
+def _split_static(static):
+    """Hashable static arguments (compiled in) and array-valued ones (traced, e.g. a mask)."""
+    arrays = {k: v for k, v in static.items() if hasattr(v, "shape")}
+    rest = tuple(sorted((k, v) for k, v in static.items() if k not in arrays))
+    hash(rest)  # TypeError for an unhashable static value: the caller falls back to eager
+    return rest, arrays
+
+
+def _runs(call):
+    """(vjp_run, loss_run) around call(diff_values, others, params, arrays) -> out."""
+    def vjp_run(diff_values, others, params, arrays, dout):
+        out, vjp = jax.vjp(lambda d, p: call(d, others, p, arrays), diff_values, params)
+        return out, vjp(dout.astype(out.dtype))
+
+    def loss_run(diff_values, others, params, arrays, dout):
+        return jnp.sum(call(diff_values, others, params, arrays) * dout)
+
+    return vjp_run, loss_run
+
+
+def _caller(oracle, diff_idx, static):
+    def call(diff_values, others, params, arrays):
+        full = list(others)
+        for i, value in zip(diff_idx, diff_values):
+            full[i] = value
+        return oracle(*full, params, **static, **arrays)
+    return call
+
+
+@functools.lru_cache(maxsize=512)
+def _oracle_functions(oracle, diff_idx, static_items):
+    """Jitted and eager (vjp_run, loss_run); both take (diff_values, others, params, arrays,
+    dout).  Cached, so a second check of the same oracle at the same shapes compiles nothing."""
+    runs = _runs(_caller(oracle, diff_idx, dict(static_items)))
+    return tuple(jax.jit(f) for f in runs), runs
+
+
+class Oracle:
+    """The oracle of one check, at fixed inputs: its forward, VJPs and complex-step values."""
+
+    def __init__(self, oracle, inputs64, params64, static, diff_idx):
+        self.diff_idx = tuple(diff_idx)
+        self.inputs = list(inputs64)
+        self.others = tuple(None if i in self.diff_idx else jnp.asarray(x)
+                            for i, x in enumerate(inputs64))
+        self.params = {k: jnp.asarray(v) for k, v in params64.items()}
+        try:
+            static_items, self.arrays = _split_static(static)
+            self._fns = list(_oracle_functions(oracle, self.diff_idx, static_items))
+        except TypeError:  # an unhashable static argument: op by op only
+            self.arrays = {}
+            self._fns = [_runs(_caller(oracle, self.diff_idx, static))]
+
+    def _run(self, which, diff_values, params, dout):
+        error = None
+        for fns in list(self._fns):
+            try:
+                return fns[which](diff_values, self.others, params, self.arrays, dout)
+            except Exception as exc:  # not traceable under jit: fall back to eager, once
+                error = exc
+                if len(self._fns) > 1:
+                    self._fns.pop(0)
+        raise error
+
+    def vjp(self, dout):
+        """(out, {input index: gradient}, {param: gradient}) for the upstream gradient dout."""
+        diff_values = [jnp.asarray(self.inputs[i]) for i in self.diff_idx]
+        out, (d_in, d_params) = self._run(0, diff_values, self.params, jnp.asarray(dout))
+        return (np.asarray(out), {i: np.asarray(g) for i, g in zip(self.diff_idx, d_in)},
+                {k: np.asarray(v) for k, v in d_params.items()})
+
+    def loss(self, key, replacement, dout):
+        """<oracle(...), dout> with one tensor replaced (complex values allowed)."""
+        diff_values = [jnp.asarray(replacement if i == key else self.inputs[i])
+                       for i in self.diff_idx]
+        params = dict(self.params)
+        if not isinstance(key, int):
+            params[key] = jnp.asarray(replacement)
+        return complex(self._run(1, diff_values, params, jnp.asarray(dout)))
+
+
+# --- finite differences --------------------------------------------------------------------
+
+class FiniteDifferences:
+    """Numerical derivatives of L(x) = <forward(x), dout>, one tensor at a time.
+
+    ``u`` is the unit roundoff the forward effectively computes in (float64's, unless the
+    forward was found to round to a lower precision internally); steps and tolerances follow it.
+    """
+
+    def __init__(self, forward, inputs, params, static, dout64, *, scheme="central",
+                 oracle: Oracle | None = None, u=tolerances.U64):
+        if scheme not in FD_SCHEMES:
+            raise ValueError(f"fd: expected one of {FD_SCHEMES}, got {scheme!r}")
+        if scheme == "complex" and oracle is None:
+            raise ValueError("fd='complex' needs the oracle")
+        self.forward, self.static, self.dout = forward, static, dout64
+        self.inputs, self.params = list(inputs), dict(params)
+        self.scheme, self.oracle, self.u = scheme, oracle, u
+
+    def value(self, key, replacement):
+        """(L, sum |f * dout|) of the hand forward with one tensor replaced."""
+        inputs, params = list(self.inputs), dict(self.params)
+        original = inputs[key] if isinstance(key, int) else params[key]
+        replacement = np.asarray(replacement).astype(original.dtype)
+        if isinstance(key, int):
+            inputs[key] = replacement
+        else:
+            params[key] = replacement
+        out, _ = self.forward(*inputs, params, **self.static)
+        prod = np.asarray(to_numpy(out), dtype=np.float64) * self.dout
+        return float(np.sum(prod)), float(np.sum(np.abs(prod)))
+
+    def central(self, key, x, v, h):
+        """(L(x + h v) - L(x - h v)) / 2h and the largest sum |f * dout| seen."""
+        (lp, ap), (lm, am) = self.value(key, x + h * v), self.value(key, x - h * v)
+        return (lp - lm) / (2 * h), max(ap, am)
+
+    def forward_difference(self, key, x, v, h):
+        (lp, ap), (l0, a0) = self.value(key, x + h * v), self.value(key, x)
+        return (lp - l0) / h, max(ap, a0)
+
+    def complex_step(self, key, x, v, h):
+        """Im L(x + i h v) / h on the oracle: no subtraction, so no cancellation."""
+        return self.oracle.loss(key, x + 1j * h * v, self.dout).imag / h, 0.0
+
+    def derivative(self, key, x, v, size):
+        """Directional derivative along v by the chosen scheme; (value, tolerance, step kink)."""
+        if self.scheme == "complex":
+            h = 1e-20 * size
+            d, _ = self.complex_step(key, x, v, h)
+            return d, (lambda scale: tolerances.complex_step_tol()), 0.0
+        if self.scheme == "richardson":
+            h = tolerances.richardson_step(size, self.u)
+            d1, a1 = self.central(key, x, v, h)
+            d2, a2 = self.central(key, x, v, 2 * h)
+            rounding = max(a1, a2)
+            return ((4 * d1 - d2) / 3,
+                    lambda scale: tolerances.richardson_tol(rounding, h, scale, self.u), d1 - d2)
+        h = tolerances.fd_step(size, self.u)
+        d1, a1 = self.central(key, x, v, h)
+        return d1, (lambda scale: tolerances.fd_tol(a1, h, scale, self.u)), None
+
+    def compare(self, key, x, g_hand, g_auto, rng):
+        """Relative errors (hand vs FD, autodiff vs FD), the FD tolerance and whether the
+        function looks non-smooth within the step (a kink)."""
+        size = float(np.sqrt(np.mean(x * x))) if x.size else 1.0
+        worst_h = worst_a = worst_tol = 0.0
+        kink = False
+        for _ in range(FD_DIRECTIONS):
+            v = rng.standard_normal(x.shape)
+            v = v / max(np.sqrt(np.mean(v * v)), 1e-300)  # unit rms
+            d, tol_of, _ = self.derivative(key, x, v, size)
+            scale = float(np.linalg.norm(g_auto) * np.linalg.norm(v))
+            tol = tol_of(scale)
+            worst_h = max(worst_h, _rel(float(np.sum(g_hand * v)), d, scale))
+            worst_a = max(worst_a, _rel(float(np.sum(g_auto * v)), d, scale))
+            worst_tol = max(worst_tol, tol)
+            kink = kink or self._kinked(key, x, v, size, d, scale, tol)
+        if x.size <= FD_ELEMENTWISE_MAX:
+            fd = np.empty(x.shape)
+            tols = []
+            for i in range(x.size):
+                e = np.zeros(x.size)
+                e[i] = 1.0
+                d, tol_of, _ = self.derivative(key, x, e.reshape(x.shape), size)
+                fd.reshape(-1)[i] = d
+                tols.append(tol_of)
+            scale = float(np.max(np.abs(g_auto))) if g_auto.size else 0.0
+            worst_h = max(worst_h, _rel_tensor(g_hand, fd, scale))
+            worst_a = max(worst_a, _rel_tensor(g_auto, fd, scale))
+            worst_tol = max([worst_tol] + [t(scale) for t in tols])
+        return worst_h, worst_a, worst_tol, kink
+
+    def _kinked(self, key, x, v, size, d, scale, tol):
+        """A smooth L gives nearly the same central difference at steps h and 4h (they differ
+        by 15 h^2 L'''/6); across a kink they differ by a fraction of the jump in slope."""
+        if self.scheme == "complex" or not math.isfinite(d):
+            return False
+        h = tolerances.fd_step(size, self.u)
+        d4, _ = self.central(key, x, v, 4 * h)
+        return abs(d4 - d) > 100 * tol * max(scale, 1e-300)
+
+
+def _rel(a, b, scale):
+    if not (math.isfinite(a) and math.isfinite(b)):
+        return math.inf
+    if scale == 0.0:
+        return 0.0 if a == b else math.inf
+    return abs(a - b) / scale
+
+
+def _rel_tensor(a, b, scale):
+    if not (np.all(np.isfinite(a)) and np.all(np.isfinite(b))):
+        return math.inf
+    diff = float(np.max(np.abs(a - b)))
+    if scale == 0.0:
+        return 0.0 if diff == 0.0 else math.inf
+    return diff / scale
+
+
+def normwise(a, b):
+    """max |a - b| / max |b| (b the trusted reference); inf when non-finite."""
+    if not (np.all(np.isfinite(a)) and np.all(np.isfinite(b))):
+        return math.inf
+    scale = float(np.max(np.abs(b))) if b.size else 0.0
+    diff = float(np.max(np.abs(a - b))) if a.size else 0.0
+    if scale == 0.0:
+        return 0.0 if diff == 0.0 else math.inf
+    return diff / scale
