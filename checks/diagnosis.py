@@ -145,7 +145,8 @@ def _transposed(name, g, ref, ctx, fit):
 def _swapped(name, g, ref, ctx, fit):
     for other, r in ctx.trusted.items():
         if other != name and r.shape == g.shape and _close(g, r, fit) and not _close(ref, r, fit):
-            return f"looks like d{name} and d{other} are swapped (d{name} equals d{other})"
+            return (f"looks like d{name} and d{other} are swapped (the hand d{name} equals the "
+                    f"true d{other})")
     return ""
 
 
@@ -182,7 +183,7 @@ def _repeated_ids(name, g, ref, ctx, fit):
 
 def _one_slice(name, g, ref, ctx, fit):
     """A parameter broadcast over the batch whose gradient kept one slice instead of the sum."""
-    if ctx.slice_vjp is None or ctx.dout.ndim < 2 or name not in ctx.trusted:
+    if ctx.slice_vjp is None or g.ndim >= ctx.dout.ndim:  # only what is broadcast over dout
         return ""
     for axis, index in itertools.product(range(ctx.dout.ndim - 1), (0, -1)):
         if ctx.dout.shape[axis] < 2:

@@ -1,0 +1,243 @@
+"""The bug zoo: classic backprop bugs applied to the lab's own kernels, each a broken backward
+beside the correct one (the kernels themselves stay correct).  Every bug must be caught, and
+where it is one of the common bug shapes the diagnosis must name it.
+
+``python -m checks zoo`` prints the table: bug, caught, the failing tensors and the diagnosis.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Callable, NamedTuple
+
+import numpy as np
+
+import kernels
+import reference
+from checks.registry import BY_NAME, Row, ff_params, normal, run_row
+from kernels.activations import softmax_rows_backward
+from kernels.attention import merge_heads, per_head_weight_grad, split_heads
+
+# Sizes at which every constant the diagnosis names is unambiguous: sqrt(P) = sqrt(6) is no
+# small constant, B·T = 15, 1 - rate = 0.75; B·T > V, so some token ids repeat.
+ZOO_SIZES = {"B": 3, "T": 5, "S": 4, "D": 12, "H": 2, "F": 10, "V": 7}
+
+
+# --- a pre-norm residual block, x + ff(rms_norm(x)), built from the lab's kernels ---------------
+
+class BlockCache(NamedTuple):
+    norm: object  # RmsNormCache
+    ff: object    # FeedForwardCache
+
+
+def block_forward(x, params):
+    """x + ff(rms_norm(x)): the model's feed-forward sub-block.  x: (B, T, D) -> (B, T, D)."""
+    h, norm = kernels.rms_norm_forward(x, {})    # (B, T, D)
+    f, ff = kernels.ff_forward(h, params)        # (B, T, D)
+    return x + f, BlockCache(norm, ff)
+
+
+def block_backward(dy, cache, *, keep_skip=True):
+    """The skip path passes dy unchanged; the other goes back through ff and the norm."""
+    dh, grads = kernels.ff_backward(dy, cache.ff)            # (B, T, D)
+    dx, _ = kernels.rms_norm_backward(dh, cache.norm)        # (B, T, D)
+    return (dy + dx if keep_skip else dx), grads
+
+
+def block_oracle(x, params):
+    return x + reference.ff(reference.rms_norm(x, {}), params)
+
+
+def _block_case(rng, dtype, s):
+    x = normal(rng, (s["B"], s["T"], s["D"]), dtype)
+    h = x.astype(np.float64) / np.sqrt(np.mean(x.astype(np.float64) ** 2, -1, keepdims=True))
+    return [x], ff_params(rng, dtype, s, h.astype(dtype))
+
+
+BLOCK = Row("block", block_forward, block_backward, block_oracle, _block_case,
+            axes={"x": ("batch", "token", "feature")})
+
+
+# --- the broken backwards -------------------------------------------------------------------
+
+def _attention(dout, cache, *, scale=True, swap_qk=False, a_not_transposed=False,
+               mask_ignored=False, kv_path=True, wo_transposed=False, wv_transposed=False):
+    """kernels.attention's backward for self-attention, with one classic bug switched on."""
+    xq_h, xkv_h, q, k, v, a, heads, params = cache
+    B, T, D = dout.shape
+    H, P = q.shape[1], q.shape[-1]
+    if mask_ignored:  # recomputes the probabilities without the causal mask
+        logits = q @ k.transpose(0, 1, 3, 2) / math.sqrt(P)                  # (B, H, T, S)
+        e = np.exp(logits - logits.max(axis=-1, keepdims=True))
+        a = e / e.sum(axis=-1, keepdims=True)                                # (B, H, T, S)
+    dWO = heads.reshape(-1, D).T @ dout.reshape(-1, D)                       # (D, D)
+    dheads = split_heads(dout @ params["WO"].T, H)                           # (B, H, T, P)
+    da = dheads @ v.transpose(0, 1, 3, 2)                                    # (B, H, T, S)
+    dv = (a if a_not_transposed else a.transpose(0, 1, 3, 2)) @ dheads       # (B, H, S, P)
+    dlogits = softmax_rows_backward(da, a)                                   # (B, H, T, S)
+    if scale:
+        dlogits = dlogits / math.sqrt(P)
+    dq = dlogits @ k                                                         # (B, H, T, P)
+    dk = dlogits.transpose(0, 1, 3, 2) @ q                                   # (B, H, S, P)
+    grads = {"WQ": per_head_weight_grad(xq_h, dq), "WK": per_head_weight_grad(xkv_h, dk),
+             "WV": per_head_weight_grad(xkv_h, dv), "WO": dWO.T if wo_transposed else dWO}
+    if swap_qk:
+        grads["WQ"], grads["WK"] = grads["WK"], grads["WQ"]
+    if wv_transposed:
+        grads["WV"] = grads["WV"].transpose(0, 2, 1)
+    dx = merge_heads(dq @ params["WQ"].transpose(0, 2, 1))                   # (B, T, D)
+    if kv_path:
+        dx = dx + merge_heads(dk @ params["WK"].transpose(0, 2, 1)
+                              + dv @ params["WV"].transpose(0, 2, 1))        # (B, T, D)
+    return dx, grads
+
+
+def _attn_bug(**flag):
+    return lambda dout, cache: _attention(dout, cache, **flag)
+
+
+def _softmax_no_outer(dy, cache):
+    return cache.y * dy, {}                                   # the diagonal term only
+
+
+def _rms_norm_first_term_only(dy, cache):
+    return dy * cache.inv_rms, {}                             # forgets the term through the rms
+
+
+def _leaky_relu_wrong_slope(dy, cache):
+    return np.where(cache.positive, dy, 0.01 * dy), {}        # 0.01 instead of the forward's 0.1
+
+
+def _linear_bias(pick):
+    def backward(dy, cache):
+        dx, grads = kernels.linear_backward(dy, cache)
+        return dx, {**grads, "b": pick(dy)}
+    return backward
+
+
+def _cross_entropy(transform):
+    def backward(dloss, cache):
+        (dlogits, none), grads = kernels.cross_entropy_backward(dloss, cache)
+        return (transform(dlogits, cache), none), grads
+    return backward
+
+
+def _embedding_assigned(dout, cache):
+    dE = np.zeros((cache.vocab, dout.shape[-1]), dtype=dout.dtype)          # (V, D)
+    dE[cache.ids.reshape(-1)] = dout.reshape(-1, dout.shape[-1])            # last one wins
+    return None, {"E": dE}
+
+
+def _ff_b1_zero(dy, cache):
+    dx, grads = kernels.ff_backward(dy, cache)
+    return dx, {**grads, "b1": np.zeros_like(grads["b1"])}
+
+
+def _dropout_mask_ignored(dy, cache):
+    kept = cache.scale.max()                                                 # 1 / (1 - rate)
+    return dy * kept, {}
+
+
+def _dropout_unscaled(dy, cache):
+    return dy * (cache.scale != 0), {}                                       # mask, no 1/(1 - rate)
+
+
+def _layernorm(variant):
+    def backward(dy, cache):
+        dx, grads = kernels.layernorm_backward(dy, cache)
+        if variant == "bias mean":
+            grads = {**grads, "b": dy.reshape(-1, dy.shape[-1]).mean(axis=0)}
+        else:  # forgets the term through the mean
+            xhat, inv_std, g = cache
+            dxhat = dy * g
+            dx = (dxhat - xhat * (dxhat * xhat).mean(axis=-1, keepdims=True)) * inv_std
+        return dx, grads
+    return backward
+
+
+class Bug(NamedTuple):
+    name: str
+    row: Row
+    backward: Callable
+    tensor: str = ""     # where the pattern shows
+    pattern: str = ""    # a phrase the diagnosis must contain; "" when no common shape applies
+
+
+ROW = BY_NAME
+BUGS = [
+    Bug("transposed weight gradient (W_O)", ROW["mha"], _attn_bug(wo_transposed=True),
+        "WO", "transposed (last two axes"),
+    Bug("W_V gradient transposed per head", ROW["mha"], _attn_bug(wv_transposed=True),
+        "WV", "transposed per head"),
+    Bug("dQ and dK swapped", ROW["mha"], _attn_bug(swap_qk=True), "WK", "dWK and dWQ are swapped"),
+    Bug("attention weights not transposed in dV", ROW["mha"], _attn_bug(a_not_transposed=True),
+        "WV"),
+    Bug("missing 1/sqrt(P) in backward", ROW["mha"], _attn_bug(scale=False), "WQ",
+        "scaled by a constant: sqrt(P)"),
+    Bug("causal mask ignored in backward", ROW["mha-causal"], _attn_bug(mask_ignored=True), "WQ"),
+    Bug("self-attention dx misses the key/value path", ROW["mha"], _attn_bug(kv_path=False), "x"),
+    Bug("softmax Jacobian missing its outer-product term", ROW["softmax"], _softmax_no_outer, "x"),
+    Bug("bias gradient summed over the wrong axis", ROW["linear"],
+        _linear_bias(lambda dy: dy.sum(axis=0)), "b", "missing a sum over a broadcast axis"),
+    Bug("bias gradient from the first batch element only", ROW["linear"],
+        _linear_bias(lambda dy: dy[0].sum(axis=0)), "b", "missing a sum over output axis 0"),
+    Bug("residual gradient dropped", BLOCK, lambda dy, c: block_backward(dy, c, keep_skip=False),
+        "x", "skip connection"),
+    Bug("RMS-norm missing its second term", ROW["rms_norm"], _rms_norm_first_term_only, "x"),
+    Bug("leaky-ReLU slope wrong in backward", ROW["leaky_relu"], _leaky_relu_wrong_slope, "x"),
+    Bug("cross-entropy not divided by B·T", ROW["cross_entropy"],
+        _cross_entropy(lambda d, c: d * c.targets.size), "logits", "scaled by a constant: B·T"),
+    Bug("cross-entropy gradient with the wrong sign", ROW["cross_entropy"],
+        _cross_entropy(lambda d, c: -d), "logits", "wrong sign"),
+    Bug("embedding ids assigned, not accumulated", ROW["embedding"], _embedding_assigned, "E",
+        "repeated ids"),
+    Bug("bias gradient never filled (left at zero)", ROW["ff"], _ff_b1_zero, "b1",
+        "identically zero"),
+    Bug("dropout mask ignored in backward", ROW["dropout"], _dropout_mask_ignored, "x",
+        "wrong only where the mask 'mask'"),
+    Bug("dropout backward forgets 1/(1 - rate)", ROW["dropout"], _dropout_unscaled, "x",
+        "scaled by a constant: 1 - rate"),
+    Bug("layer-norm bias gradient averaged, not summed", ROW["layernorm"],
+        _layernorm("bias mean"), "b", "scaled by a constant: 1/(B·T)"),
+    Bug("layer-norm missing the term through the mean", ROW["layernorm"],
+        _layernorm("no mean term"), "x"),
+]
+
+
+@dataclasses.dataclass
+class ZooResult:
+    bug: Bug
+    caught: bool
+    failing: list
+    diagnosis: str
+    named: bool   # the expected pattern was named (True when none is expected)
+    report: object
+
+
+def run_bug(bug: Bug, dtype=np.float64, seed=0) -> ZooResult:
+    report = run_row(bug.row, dtype, seed=seed, sizes=ZOO_SIZES, backward=bug.backward)
+    shown = next((t for t in report.tensors if t.name == bug.tensor and not t.ok), None)
+    diagnosis = shown.diagnosis if shown else ""
+    if shown and not diagnosis:
+        diagnosis = shown.verdict
+    return ZooResult(bug, not report.ok, report.failing, diagnosis,
+                     bug.pattern in diagnosis if bug.pattern else True, report)
+
+
+def run_zoo(dtype=np.float64, seed=0):
+    return [run_bug(bug, dtype, seed) for bug in BUGS]
+
+
+def format_zoo(results) -> str:
+    head = ("bug", "layer", "caught", "failing", f"diagnosis (of the named tensor)")
+    rows = [(r.bug.name, r.bug.row.name, "yes" if r.caught else "NO", ", ".join(r.failing),
+             (f"{r.bug.tensor}: " if r.bug.tensor else "") + (r.diagnosis or "-")
+             + ("" if r.named else "   <- expected: " + r.bug.pattern)) for r in results]
+    widths = [max(len(x[i]) for x in rows + [head]) for i in range(len(head))]
+    line = lambda x: "  ".join(c.ljust(w) for c, w in zip(x, widths)).rstrip()
+    caught = sum(r.caught for r in results)
+    named = sum(r.named and bool(r.bug.pattern) for r in results)
+    patterned = sum(bool(r.bug.pattern) for r in results)
+    return "\n".join([line(head), line(["-" * w for w in widths])] + [line(x) for x in rows]
+                     + [f"\n{caught} of {len(results)} bugs caught; the expected pattern named "
+                        f"for {named} of the {patterned} that have one"])
