@@ -24,6 +24,15 @@ def random_sizes(rng) -> dict:
             "V": int(rng.integers(2, 13))}
 
 
+def within(sizes, minimum) -> dict | None:
+    """sizes raised to a row's minimum (D stays a multiple of H: every H drawn divides 4)."""
+    if not minimum:
+        return sizes
+    from checks.registry import DEFAULT_SIZES
+    s = {**DEFAULT_SIZES, **(sizes or {})}
+    return {k: max(v, minimum.get(k, v)) for k, v in s.items()}
+
+
 def shape_pool(seed: int, n: int = N_SHAPES) -> list:
     rng = np.random.default_rng([seed, 0xCA1])
     return [None] + [random_sizes(rng) for _ in range(n - 1)]  # None: the default sizes
@@ -69,7 +78,7 @@ def calibrate_one(row_name: str, dtype: str, seeds: int, pool: list, fd: str = "
     margin = Margin(row_name, dtype)
     pick = np.random.default_rng([seeds, 0x5EED])
     for seed in range(seeds):
-        sizes = pool[int(pick.integers(len(pool)))]
+        sizes = within(pool[int(pick.integers(len(pool)))], row.min_sizes)
         report = run_row(row, np.dtype(dtype), seed=seed, sizes=sizes, fd=fd)
         margin.add(report, f"seed {seed}, sizes {sizes or 'default'}")
     return margin

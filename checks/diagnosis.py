@@ -128,6 +128,9 @@ def _scaled(name, g, ref, ctx, fit):
     c = float(np.sum(g * ref)) / rr  # least-squares factor
     if not _close(g, c * ref, fit):
         return ""
+    if abs(c - 1) <= fit:
+        return (f"no bug shape: within {FIT_FACTOR}x the tolerance of the right gradient "
+                f"(rounding in an ill-conditioned case?)")
     if abs(c + 1) <= max(fit, 1e-6):
         return "wrong sign: the gradient is -1 x the right one"
     return f"scaled by a constant: {name_constant(c, ctx.constants, max(fit, 1e-6))} x the right one"

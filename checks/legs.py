@@ -24,6 +24,7 @@ from kernels.backend import to_numpy
 FD_ELEMENTWISE_MAX = 256  # tensors up to this many elements also get an element-wise check
 FD_DIRECTIONS = 3         # random directions per tensor, always
 FD_SCHEMES = ("central", "richardson", "complex")
+KINK_JUMP = 1e-3          # one-sided slopes differing by this fraction of |g| |v|: a kink
 
 
 # --- autodiff ------------------------------------------------------------------------------
@@ -203,13 +204,19 @@ class FiniteDifferences:
         return worst_h, worst_a, worst_tol, kink
 
     def _kinked(self, key, x, v, size, d, scale, tol):
-        """A smooth L gives nearly the same central difference at steps h and 4h (they differ
-        by 15 h^2 L'''/6); across a kink they differ by a fraction of the jump in slope."""
+        """Is L non-smooth within the step?  For a smooth L the central differences at h and 4h
+        differ by 15 h^2 L'''/6 and the one-sided ones by h L'' (~1e-5 of the scale at h ~
+        u^(1/3)); across a kink either differs by a fraction of the jump in slope (a kink
+        exactly at x leaves the central difference step-independent, not the one-sided ones)."""
         if self.scheme == "complex" or not math.isfinite(d):
             return False
         h = tolerances.fd_step(size, self.u)
         d4, _ = self.central(key, x, v, 4 * h)
-        return abs(d4 - d) > 100 * tol * max(scale, 1e-300)
+        (lp, _), (l0, _), (lm, _) = (self.value(key, x + h * v), self.value(key, x),
+                                     self.value(key, x - h * v))
+        one_sided_gap = abs((lp - l0) - (l0 - lm)) / h
+        return (abs(d4 - d) > 100 * tol * max(scale, 1e-300)
+                or one_sided_gap > KINK_JUMP * max(scale, 1e-300))
 
 
 def _rel(a, b, scale):
