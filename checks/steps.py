@@ -34,7 +34,7 @@ def _setup(row, dtype, seed):
     return inputs, params, static, diff_idx
 
 
-def measure(layer: str, seed: int = 0) -> dict:
+def measure(layer: str, seed: int = 0, steps=STEPS) -> dict:
     """{(scheme, dtype name): relative errors at STEPS} and what the figure needs besides."""
     row = BY_NAME[layer]
     inputs64, params64, static, diff_idx = _setup(row, np.float64, seed)
@@ -59,20 +59,20 @@ def measure(layer: str, seed: int = 0) -> dict:
         name = np.dtype(dtype).name
         for scheme, method in (("central", fd.central), ("forward", fd.forward_difference)):
             curves[(scheme, name)] = np.array(
-                [abs(method(key, x.astype(np.float64), v, h)[0] - exact) / scale for h in STEPS])
+                [abs(method(key, x.astype(np.float64), v, h)[0] - exact) / scale for h in steps])
         if row.analytic:
             cdtype = np.complex64 if dtype == np.float32 else np.complex128
             oracle = Oracle(row.oracle, inputs, params, static, diff_idx)
             curves[("complex step", name)] = np.array(
                 [abs(oracle.loss(key, (x + 1j * h * v).astype(cdtype), dout).imag / h - exact)
-                 / scale for h in STEPS])
+                 / scale for h in steps])
     size = float(np.sqrt(np.mean(np.square(params64[key] if isinstance(key, str)
                                            else inputs64[key]))))
-    return {"curves": curves, "tensor": key if isinstance(key, str) else row.input_names[key],
-            "size": size}
+    return {"curves": curves, "steps": np.asarray(steps), "size": size,
+            "tensor": key if isinstance(key, str) else row.input_names[key]}
 
 
-def draw(layer: str, out_dir="results/steps", seed: int = 0) -> pathlib.Path:
+def draw(layer: str, out_dir="results/steps", seed: int = 0, steps=STEPS) -> pathlib.Path:
     """Measure and save results/steps/LAYER.png (written to a temporary file, then renamed)."""
     if layer not in BY_NAME:
         raise ValueError(f"layer: unknown layer {layer!r}; known: {', '.join(BY_NAME)}")
@@ -80,12 +80,12 @@ def draw(layer: str, out_dir="results/steps", seed: int = 0) -> pathlib.Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    m = measure(layer, seed)
+    m = measure(layer, seed, steps)
     fig, ax = plt.subplots(figsize=(8, 5.5))
     colours = {"float32": "tab:orange", "float64": "tab:blue"}
     styles = {"central": "-", "forward": "--", "complex step": ":"}
     for (scheme, dtype), err in m["curves"].items():
-        ax.loglog(STEPS, np.maximum(err, 1e-18), styles[scheme], color=colours[dtype],
+        ax.loglog(m["steps"], np.maximum(err, 1e-18), styles[scheme], color=colours[dtype],
                   label=f"{scheme}, {dtype}")
     for dtype, colour in colours.items():
         u = tolerances.unit_roundoff(np.dtype(dtype))
