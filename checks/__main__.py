@@ -36,6 +36,16 @@ def _layer(name):
     return BY_NAME[name]
 
 
+def _positive(text):
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
 def table(args) -> int:
     rows = args.layer or ROWS
     dtypes = [args.dtype] if args.dtype else ["float64", "float32"]
@@ -62,7 +72,7 @@ def calibrate(args) -> int:
     n_jobs = sum(1 for r in rows if args.fd != "complex" or r.analytic) * len(dtypes)
     with tqdm(total=n_jobs, desc=f"calibrating ({args.seeds} seeds each)", file=sys.stderr) as bar:
         margins = run(rows, dtypes, args.seeds, workers=args.workers, fd=args.fd,
-                      progress=lambda m: bar.update(1))
+                      shape_seed=args.shape_seed, progress=lambda m: bar.update(1))
     print(format_margins(margins))
     alarms = [m for m in margins if m.false_alarms]
     for m in alarms:
@@ -92,11 +102,13 @@ def parser_for(command):
         p = Parser(prog="python -m checks calibrate",
                    description="every layer x dtype over many seeds and random shapes: the worst "
                                "error as a fraction of its tolerance")
-        p.add_argument("--seeds", type=int, default=200, help="seeds per layer x dtype")
-        p.add_argument("--workers", type=int, default=1, help="parallel processes")
+        p.add_argument("--seeds", type=_positive, default=200, help="seeds per layer x dtype")
+        p.add_argument("--workers", type=_positive, default=1, help="parallel processes")
         p.add_argument("--layer", action="append", type=_layer, help="only this layer")
         p.add_argument("--dtype", choices=["float64", "float32"], help="one dtype only")
         p.add_argument("--fd", choices=FD_SCHEMES, default="central", help="FD scheme")
+        p.add_argument("--shape-seed", type=int, default=0,
+                       help="seed of the random shapes (8 drawn per run, the default one included)")
         return p, calibrate
     if command == "zoo":
         return Parser(prog="python -m checks zoo",
@@ -127,10 +139,10 @@ def main(argv=None) -> int:
     parser, run = parser_for(command)
     try:
         args = parser.parse_args(argv[1:] if command else argv)
-        return run(args)
-    except (UsageError, ValueError, TypeError) as exc:
+    except UsageError as exc:
         print(f"{parser.prog}: error: {exc}", file=sys.stderr)
         return 2
+    return run(args)
 
 
 if __name__ == "__main__":

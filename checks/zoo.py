@@ -19,8 +19,8 @@ from kernels.activations import softmax_rows_backward
 from kernels.attention import merge_heads, per_head_weight_grad, split_heads
 
 # Sizes at which every constant the diagnosis names is unambiguous: sqrt(P) = sqrt(6) is no
-# small constant, B·T = 15, 1 - rate = 0.75; B·T > V, so some token ids repeat.
-ZOO_SIZES = {"B": 3, "T": 5, "S": 4, "D": 12, "H": 2, "F": 10, "V": 7}
+# small constant, B·T = 8 is no other size, 1 - rate = 0.75; B·T > V, so some token ids repeat.
+ZOO_SIZES = {"B": 2, "T": 4, "S": 3, "D": 12, "H": 2, "F": 10, "V": 5}
 
 
 # --- a pre-norm residual block, x + ff(rms_norm(x)), built from the lab's kernels ---------------

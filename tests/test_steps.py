@@ -5,7 +5,7 @@ import numpy as np
 from checks import tolerances
 from checks.steps import draw, measure
 
-STEPS = np.logspace(-16, 0, 33)
+STEPS = np.logspace(-16, 0, 17)
 
 
 def test_step_size_errors_follow_the_theory(tmp_path):
