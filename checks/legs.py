@@ -38,7 +38,7 @@ def _split_static(static):
 
 
 def _runs(call):
-    """(vjp_run, loss_run) around call(diff_values, others, params, arrays) -> out."""
+    """(vjp_run, loss_run, out_run) around call(diff_values, others, params, arrays) -> out."""
     def vjp_run(diff_values, others, params, arrays, dout):
         out, vjp = jax.vjp(lambda d, p: call(d, others, p, arrays), diff_values, params)
         return out, vjp(dout.astype(out.dtype))
@@ -46,7 +46,10 @@ def _runs(call):
     def loss_run(diff_values, others, params, arrays, dout):
         return jnp.sum(call(diff_values, others, params, arrays) * dout)
 
-    return vjp_run, loss_run
+    def out_run(diff_values, others, params, arrays, dout):
+        return call(diff_values, others, params, arrays)
+
+    return vjp_run, loss_run, out_run
 
 
 def _caller(oracle, diff_idx, static):
@@ -60,8 +63,8 @@ def _caller(oracle, diff_idx, static):
 
 @functools.lru_cache(maxsize=512)
 def _oracle_functions(oracle, diff_idx, static_items):
-    """Jitted and eager (vjp_run, loss_run); both take (diff_values, others, params, arrays,
-    dout).  Cached, so a second check of the same oracle at the same shapes compiles nothing."""
+    """Jitted and eager (vjp_run, loss_run, out_run); all take (diff_values, others, params,
+    arrays, dout).  Cached, so a second check of the same oracle at the same shapes compiles nothing."""
     runs = _runs(_caller(oracle, diff_idx, dict(static_items)))
     return tuple(jax.jit(f) for f in runs), runs
 
@@ -82,16 +85,23 @@ class Oracle:
             self.arrays = {}
             self._fns = [_runs(_caller(oracle, self.diff_idx, static))]
 
-    def _run(self, which, diff_values, params, dout):
+    def _run(self, which, diff_values, params, dout, transform=lambda f: f):
         error = None
         for fns in list(self._fns):
             try:
-                return fns[which](diff_values, self.others, params, self.arrays, dout)
+                return transform(fns[which])(diff_values, self.others, params, self.arrays, dout)
             except Exception as exc:  # not traceable under jit: fall back to eager, once
                 error = exc
                 if len(self._fns) > 1:
                     self._fns.pop(0)
         raise error
+
+    def out_shape(self):
+        """The shape of the oracle's output, from a (cached) trace: nothing is computed."""
+        diff_values = [jnp.asarray(self.inputs[i]) for i in self.diff_idx]
+        out = self._run(2, diff_values, self.params, None,
+                        transform=lambda f: lambda *a: jax.eval_shape(f, *a))
+        return tuple(out.shape)
 
     def vjp(self, dout):
         """(out, {input index: gradient}, {param: gradient}) for the upstream gradient dout."""
