@@ -38,9 +38,11 @@ reduction length, the number of terms that can be summed into one output or grad
    has no subtraction, so no cancellation: its error is rounding only, a few u times the scale of
    the terms, as for autodiff.  We allow 10 * FD_SAFETY * u64 ~ 1e-11.
 
-5. A forward that quietly computes in float32 although its inputs are float64 (its error against
-   the oracle is above float64's tolerance but within float32's) is judged with u = u32: the hand
-   tolerance at float32, the finite differences with float32's step and tolerance, and a note.
+5. A forward that quietly computes in float32 although its inputs are float64 (its outputs are
+   all float32 numbers and its error against the oracle is above float64's tolerance but within
+   float32's) is judged with u = u32: the hand tolerance at float32, the finite differences with
+   float32's step and tolerance, and a note.  A float64 forward off by a float32-sized amount
+   for another reason still fails.
 
 Measured (``python -m checks calibrate``, 200 seeds x 13 layers x 2 dtypes at random shapes,
 docs/tolerances.md): the worst hand-vs-autodiff error is under a tenth of tol and the worst

@@ -125,6 +125,15 @@ def test_a_forward_computing_in_float32_gets_a_note_not_a_failure():
     assert bad.failing == ["b"] and "wrong sign" in bad.tensors[2].diagnosis
 
 
+def test_a_small_error_in_a_float64_forward_is_not_excused_as_float32():
+    """An error of float32's size that is not float32 rounding (here a bias off by 1e-7) fails."""
+    def nudged(x, p):
+        y, cache = kernels.linear_forward(x, {**p, "b": p["b"] + 1e-7})
+        return y, cache
+    report = check(forward=nudged)
+    assert "forward" in report.failing and not report.note
+
+
 def test_kink_makes_finite_differences_unreliable_not_a_failure():
     x = np.random.default_rng(0).standard_normal((2, 3, 4))
     x[0, 0, 0] = 0.0  # leaky ReLU's kink, inside the FD step
