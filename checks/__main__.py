@@ -50,6 +50,10 @@ def table(args) -> int:
     rows = args.layer or ROWS
     dtypes = [args.dtype] if args.dtype else ["float64", "float32"]
     if args.fd == "complex" and any(not row.analytic for row in rows):
+        if args.layer:
+            bad = ", ".join(row.name for row in rows if not row.analytic)
+            raise UsageError(f"--fd complex: the complex step needs analytic layers; {bad} "
+                             f"is not (it has a kink or compares its data)")
         rows = [row for row in rows if row.analytic]
         print("note: the complex step applies to analytic layers only; the others are skipped",
               file=sys.stderr)
@@ -138,11 +142,10 @@ def main(argv=None) -> int:
     command = argv[0] if argv and argv[0] in COMMANDS else None
     parser, run = parser_for(command)
     try:
-        args = parser.parse_args(argv[1:] if command else argv)
+        return run(parser.parse_args(argv[1:] if command else argv))
     except UsageError as exc:
         print(f"{parser.prog}: error: {exc}", file=sys.stderr)
         return 2
-    return run(args)
 
 
 if __name__ == "__main__":

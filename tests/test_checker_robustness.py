@@ -155,7 +155,8 @@ def test_checker_never_touches_the_global_rng_and_is_deterministic():
 
 @pytest.mark.parametrize("argv", [["--layer", "nope"], ["steps", "nope"], ["--dtype", "f16"],
                                   ["calibrate", "--seeds", "x"], ["calibrate", "--seeds", "0"],
-                                  ["steps"], ["--bogus"], ["zoo", "extra"]])
+                                  ["steps"], ["--bogus"], ["zoo", "extra"],
+                                  ["--layer", "leaky_relu", "--fd", "complex"]])
 def test_cli_errors_are_one_line_and_status_2(argv, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
