@@ -11,7 +11,8 @@ float64.  Against it, the relative error |D(h) - <g, v>| / (|g| |v|) of
   error stays at ~u for every small h;
 
 each with the hand forward (or the oracle, for the complex step) in float32 and in float64.
-The theoretical optima are marked.  ``python -m checks steps LAYER`` saves the PNG.
+The theoretical optima are marked and the rounding law u·Σ|f·dout| / h is drawn beside the
+measurements.  ``python -m checks steps LAYER`` saves the PNG into results/steps/.
 """
 from __future__ import annotations
 
@@ -50,13 +51,16 @@ def measure(layer: str, seed: int = 0, steps=STEPS) -> dict:
     v = rng.standard_normal(g.shape)
     exact = float(np.sum(g * v))
     scale = float(np.linalg.norm(g) * np.linalg.norm(v))
-    curves = {}
+    curves, rounding = {}, {}
     for dtype in (np.float32, np.float64):
         inputs, params = ([x.astype(dtype) if x.dtype.kind == "f" else x for x in inputs64],
                           {k: p.astype(dtype) for k, p in params64.items()})
         fd = FiniteDifferences(row.forward, inputs, params, static, dout)
         x = params[key] if isinstance(key, str) else inputs[key]
         name = np.dtype(dtype).name
+        # theory: rounding in L(x +- hv) costs about u sum|f * dout| / h, whatever the scheme
+        u = tolerances.unit_roundoff(np.dtype(dtype))
+        rounding[name] = u * fd.value(key, x.astype(np.float64))[1] / (np.asarray(steps) * scale)
         for scheme, method in (("central", fd.central), ("forward", fd.forward_difference)):
             curves[(scheme, name)] = np.array(
                 [abs(method(key, x.astype(np.float64), v, h)[0] - exact) / scale for h in steps])
@@ -68,7 +72,7 @@ def measure(layer: str, seed: int = 0, steps=STEPS) -> dict:
                  / scale for h in steps])
     size = float(np.sqrt(np.mean(np.square(params64[key] if isinstance(key, str)
                                            else inputs64[key]))))
-    return {"curves": curves, "steps": np.asarray(steps), "size": size,
+    return {"curves": curves, "rounding": rounding, "steps": np.asarray(steps), "size": size,
             "tensor": key if isinstance(key, str) else row.input_names[key]}
 
 
@@ -88,6 +92,8 @@ def draw(layer: str, out_dir="results/steps", seed: int = 0, steps=STEPS) -> pat
         ax.loglog(m["steps"], np.maximum(err, 1e-18), styles[scheme], color=colours[dtype],
                   label=f"{scheme}, {dtype}")
     for dtype, colour in colours.items():
+        ax.loglog(m["steps"], m["rounding"][dtype], color=colour, lw=3, alpha=0.25,
+                  label=f"theory: rounding u·Σ|f·dout| / h, {dtype}")
         u = tolerances.unit_roundoff(np.dtype(dtype))
         for scheme, h in (("central", tolerances.fd_step(m["size"], u)),
                           ("forward", u ** 0.5 * max(1.0, m["size"]))):
