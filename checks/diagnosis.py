@@ -6,7 +6,8 @@ is wrong) and tests the common bug shapes in turn, from the most specific:
     identically zero        G = 0
     wrong sign              G = -R
     scaled by a constant    G = c R, c named when it is 2, 1/2, sqrt(P), 1/(B·T), 1 - rate ...
-    transposed              G = R with its last two axes swapped (per head for (H, P, P))
+    transposed              G = R with its last two axes swapped (per head for (H, P, P)), or
+                            a width D = H P laid out as (P, H): heads merged the wrong way
     swapped                 G = the trusted gradient of another tensor of the same shape
     masked region           G = R except where a mask applies (causal triangle, dropout mask)
     repeated ids            G = R except in the rows of ids that occur more than once
@@ -40,6 +41,7 @@ class Context(NamedTuple):
     ids: list                      # integer inputs (token ids), for repeated-id rows
     dout: np.ndarray               # the upstream gradient
     slice_vjp: Callable | None     # (axis, index) -> trusted grads with dout restricted to it
+    heads: int | None = None       # H, when the layer splits its width into heads
 
 
 def constants_from(sizes: dict | None, static: dict, shapes) -> list:
@@ -103,8 +105,8 @@ def diagnose(name: str, g: np.ndarray, ref: np.ndarray, ctx: Context, tol: float
         return _diagnose_shape(g, ref, fit)
     if not (np.all(np.isfinite(g)) and np.all(np.isfinite(ref))):
         return ""
-    for test in (_zero, _scaled, _transposed, _swapped, _masked, _repeated_ids, _one_slice,
-                 _skip_dropped):
+    for test in (_zero, _scaled, _transposed, _heads_mixed, _swapped, _masked, _repeated_ids,
+                 _one_slice, _skip_dropped):
         found = test(name, g, ref, ctx, fit)
         if found:
             return found
@@ -143,6 +145,19 @@ def _transposed(name, g, ref, ctx, fit):
     per_head = g.ndim == 3 and (not axes or axes[0] == "head")
     return "transposed per head (last two axes swapped)" if per_head else \
         "transposed (last two axes swapped)"
+
+
+def _heads_mixed(name, g, ref, ctx, fit):
+    """Width D = H P laid out as (P, H) instead of (H, P): heads split or merged transposed."""
+    H = ctx.heads
+    if not H or H < 2 or g.ndim < 1 or g.shape[-1] % H or g.shape[-1] == H:
+        return ""
+    P = g.shape[-1] // H
+    mixed = ref.reshape(g.shape[:-1] + (H, P)).swapaxes(-1, -2).reshape(g.shape)
+    if _close(g, mixed, fit):
+        return ("transposed per head: the width is laid out as (P, H) instead of (H, P) "
+                "(heads split or merged with the wrong transpose)")
+    return ""
 
 
 def _swapped(name, g, ref, ctx, fit):

@@ -181,7 +181,8 @@ def check_layer(forward: Callable, backward: Callable, oracle: Callable, inputs:
                   masks=[(f"the mask '{m}' (its False entries)", ~np.asarray(v))
                          for m, v in static.items() if getattr(v, "dtype", None) == bool],
                   ids=[x for x in host_inputs if x.dtype.kind in "iu"],
-                  dout=dout64, slice_vjp=_slice_vjp(ref, dout64))
+                  dout=dout64, slice_vjp=_slice_vjp(ref, dout64),
+                  heads=(sizes or {}).get("H"))
     for result in results:
         if result.ok or result.name not in pairs or pairs[result.name][0] is None \
                 or result.hand_vs_autodiff <= tol:  # nothing to explain between hand and oracle

@@ -61,7 +61,8 @@ BLOCK = Row("block", block_forward, block_backward, block_oracle, _block_case,
 # --- the broken backwards -------------------------------------------------------------------
 
 def _attention(dout, cache, *, scale=True, swap_qk=False, a_not_transposed=False,
-               mask_ignored=False, kv_path=True, wo_transposed=False, wv_transposed=False):
+               mask_ignored=False, kv_path=True, wo_transposed=False, wv_transposed=False,
+               merge=merge_heads):
     """kernels.attention's backward for self-attention, with one classic bug switched on."""
     xq_h, xkv_h, q, k, v, a, heads, params = cache
     B, T, D = dout.shape
@@ -85,11 +86,17 @@ def _attention(dout, cache, *, scale=True, swap_qk=False, a_not_transposed=False
         grads["WQ"], grads["WK"] = grads["WK"], grads["WQ"]
     if wv_transposed:
         grads["WV"] = grads["WV"].transpose(0, 2, 1)
-    dx = merge_heads(dq @ params["WQ"].transpose(0, 2, 1))                   # (B, T, D)
+    dx = merge(dq @ params["WQ"].transpose(0, 2, 1))                         # (B, T, D)
     if kv_path:
-        dx = dx + merge_heads(dk @ params["WK"].transpose(0, 2, 1)
-                              + dv @ params["WV"].transpose(0, 2, 1))        # (B, T, D)
+        dx = dx + merge(dk @ params["WK"].transpose(0, 2, 1)
+                        + dv @ params["WV"].transpose(0, 2, 1))              # (B, T, D)
     return dx, grads
+
+
+def _merge_p_major(x):
+    """(B, H, T, P) -> (B, T, D) with the features laid out (P, H): the wrong transpose."""
+    B, H, T, P = x.shape
+    return x.transpose(0, 2, 3, 1).reshape(B, T, H * P)
 
 
 def _attn_bug(**flag):
@@ -169,6 +176,8 @@ BUGS = [
     Bug("W_V gradient transposed per head", BY_NAME["mha"], _attn_bug(wv_transposed=True),
         "WV", "transposed per head"),
     Bug("dQ and dK swapped", BY_NAME["mha"], _attn_bug(swap_qk=True), "WK", "dWK and dWQ are swapped"),
+    Bug("heads merged with the wrong transpose in dx", BY_NAME["mha"],
+        _attn_bug(merge=_merge_p_major), "x", "width is laid out as (P, H)"),
     Bug("attention weights not transposed in dV", BY_NAME["mha"], _attn_bug(a_not_transposed=True),
         "WV"),
     Bug("missing 1/sqrt(P) in backward", BY_NAME["mha"], _attn_bug(scale=False), "WQ",

@@ -66,6 +66,14 @@ def test_missing_sum_and_transposed_shapes():
     assert "transpose of the expected" in diagnose("W", W.T.copy(), W, ctx(), TOL)
 
 
+def test_heads_merged_with_the_wrong_transpose():
+    ref = RNG.standard_normal((2, 3, 12))               # (B, T, D), D = H P with H = 2, P = 6
+    g = ref.reshape(2, 3, 2, 6).swapaxes(-1, -2).reshape(2, 3, 12)
+    c = ctx(trusted={"x": ref}, heads=2)
+    assert "laid out as (P, H)" in diagnose("x", g, ref, c, TOL)
+    assert diagnose("x", g, ref, ctx(trusted={"x": ref}), TOL) == NO_PATTERN  # H unknown
+
+
 def test_skip_connection_dropped():
     dout = RNG.standard_normal((2, 3, 4))
     ref = RNG.standard_normal((2, 3, 4))
