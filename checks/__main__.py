@@ -1,4 +1,12 @@
-"""python -m checks [--json] [--dtype float64|float32] [--layer NAME ...]: the check table."""
+"""python -m checks [table options] | calibrate | zoo | steps LAYER.
+
+    python -m checks [--json] [--dtype float64|float32] [--layer NAME ...] [--fd SCHEME]
+    python -m checks calibrate [--seeds 200] [--workers 2] [--layer NAME ...]
+    python -m checks zoo
+    python -m checks steps LAYER [--out results/steps]
+
+A usage error (an unknown layer, a bad option) is one line on stderr and exit status 2.
+"""
 from __future__ import annotations
 
 import argparse
@@ -6,14 +14,51 @@ import sys
 
 import numpy as np
 
-from checks.engine import format_table, reports_to_json
+from checks.legs import FD_SCHEMES
 from checks.registry import BY_NAME, ROWS, run_row
+from checks.report import format_table, reports_to_json
+
+COMMANDS = ("calibrate", "zoo", "steps")
+
+
+class UsageError(Exception):
+    """A bad command line: reported in one line, exit status 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise UsageError(message)
+
+
+def _layer(name):
+    if name not in BY_NAME:
+        raise argparse.ArgumentTypeError(f"unknown layer {name!r}; known: {', '.join(BY_NAME)}")
+    return BY_NAME[name]
+
+
+def _positive(text):
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
 
 
 def table(args) -> int:
-    rows = [BY_NAME[name] for name in args.layer] if args.layer else ROWS
+    rows = args.layer or ROWS
     dtypes = [args.dtype] if args.dtype else ["float64", "float32"]
-    reports = [run_row(row, np.dtype(dt), seed=args.seed) for row in rows for dt in dtypes]
+    if args.fd == "complex" and any(not row.analytic for row in rows):
+        if args.layer:
+            bad = ", ".join(row.name for row in rows if not row.analytic)
+            raise UsageError(f"--fd complex: the complex step needs analytic layers; {bad} "
+                             f"is not (it has a kink or compares its data)")
+        rows = [row for row in rows if row.analytic]
+        print("note: the complex step applies to analytic layers only; the others are skipped",
+              file=sys.stderr)
+    reports = [run_row(row, np.dtype(dt), seed=args.seed, fd=args.fd) for row in rows
+               for dt in dtypes]
     print(reports_to_json(reports) if args.json else format_table(reports))
     if not args.json:
         bad = [f"{r.layer}-{r.dtype}" for r in reports if not r.ok]
@@ -22,17 +67,85 @@ def table(args) -> int:
     return 0 if all(r.ok for r in reports) else 1
 
 
+def calibrate(args) -> int:
+    from tqdm import tqdm
+
+    from checks.calibrate import calibrate as run, format_margins
+    rows = args.layer or ROWS
+    dtypes = [args.dtype] if args.dtype else ["float64", "float32"]
+    n_jobs = sum(1 for r in rows if args.fd != "complex" or r.analytic) * len(dtypes)
+    with tqdm(total=n_jobs, desc=f"calibrating ({args.seeds} seeds each)", file=sys.stderr) as bar:
+        margins = run(rows, dtypes, args.seeds, workers=args.workers, fd=args.fd,
+                      shape_seed=args.shape_seed, progress=lambda m: bar.update(1))
+    print(format_margins(margins))
+    alarms = [m for m in margins if m.false_alarms]
+    for m in alarms:
+        print(f"\nfalse alarm in {m.layer} {m.dtype}: {m.first_alarm}")
+    print(f"\n{sum(m.checks for m in margins)} checks, "
+          f"{sum(m.false_alarms for m in margins)} false alarms; "
+          f"worst fraction of tolerance {max(m.worst for m in margins):.3f}")
+    return 1 if alarms else 0
+
+
+def zoo(args) -> int:
+    from checks.zoo import format_zoo, run_zoo
+    results = run_zoo()
+    print(format_zoo(results))
+    return 0 if all(r.caught for r in results) else 1
+
+
+def steps(args) -> int:
+    from checks.steps import draw
+    path = draw(args.layer_name, out_dir=args.out, seed=args.seed)
+    print(f"wrote {path}")
+    return 0
+
+
+def parser_for(command):
+    if command == "calibrate":
+        p = Parser(prog="python -m checks calibrate",
+                   description="every layer x dtype over many seeds and random shapes: the worst "
+                               "error as a fraction of its tolerance")
+        p.add_argument("--seeds", type=_positive, default=200, help="seeds per layer x dtype")
+        p.add_argument("--workers", type=_positive, default=1, help="parallel processes")
+        p.add_argument("--layer", action="append", type=_layer, help="only this layer")
+        p.add_argument("--dtype", choices=["float64", "float32"], help="one dtype only")
+        p.add_argument("--fd", choices=FD_SCHEMES, default="central", help="FD scheme")
+        p.add_argument("--shape-seed", type=int, default=0,
+                       help="seed of the random shapes (8 drawn per run, the default one included)")
+        return p, calibrate
+    if command == "zoo":
+        return Parser(prog="python -m checks zoo",
+                      description="the bug zoo: classic backprop bugs, caught and diagnosed"), zoo
+    if command == "steps":
+        p = Parser(prog="python -m checks steps",
+                   description="finite-difference error against step size for one layer")
+        p.add_argument("layer_name", metavar="LAYER", choices=sorted(BY_NAME),
+                       help="a registry row: " + ", ".join(BY_NAME))
+        p.add_argument("--out", default="results/steps", help="folder for the PNG")
+        p.add_argument("--seed", type=int, default=0)
+        return p, steps
+    p = Parser(prog="python -m checks", description="Hand gradients against JAX autodiff and "
+               "finite differences, layer by layer.  Subcommands: " + ", ".join(COMMANDS))
+    p.add_argument("--json", action="store_true", help="print the table as JSON")
+    p.add_argument("--dtype", choices=["float64", "float32"], help="one dtype only")
+    p.add_argument("--layer", action="append", type=_layer,
+                   help="check only this layer (repeatable)")
+    p.add_argument("--seed", type=int, default=0, help="seed of inputs and directions")
+    p.add_argument("--fd", choices=FD_SCHEMES, default="central",
+                   help="finite differences: central (default), richardson, complex")
+    return p, table
+
+
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m checks",
-                                     description="Hand gradients against JAX autodiff and "
-                                                 "finite differences, layer by layer.")
-    parser.add_argument("--json", action="store_true", help="print the table as JSON")
-    parser.add_argument("--dtype", choices=["float64", "float32"], help="one dtype only")
-    parser.add_argument("--layer", action="append", choices=sorted(BY_NAME),
-                        help="check only this layer (repeatable)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of inputs and directions")
-    args = parser.parse_args(argv)
-    return table(args)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = argv[0] if argv and argv[0] in COMMANDS else None
+    parser, run = parser_for(command)
+    try:
+        return run(parser.parse_args(argv[1:] if command else argv))
+    except UsageError as exc:
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@ A row pairs a kernel's forward/backward with its oracle and says how to make inp
 ``make(rng, dtype, sizes) -> (inputs, params)`` or ``(inputs, params, static)``, drawn from the
 row's input domain (clear of kinks such as leaky ReLU at 0).  Integer inputs (ids, targets) are
 never differentiated; ``nondiff`` names further inputs that are not.  ``axes`` names the axes of
-each tensor so a failure can say where it is.
+each tensor so a failure can say where it is.  ``analytic`` rows (no kink, no comparison on the
+data) can also be checked with the complex step.
 """
 from __future__ import annotations
 
@@ -33,6 +34,8 @@ class Row:
     nondiff: tuple = ()
     input_names: tuple = ("x",)
     axes: dict = dataclasses.field(default_factory=dict)
+    analytic: bool = False
+    min_sizes: dict = dataclasses.field(default_factory=dict)  # where the maths is well posed
 
     def case(self, rng, dtype, sizes=None):
         """(inputs, params, static) for one check at the given sizes."""
@@ -131,14 +134,14 @@ ROWS = [
     Row("embedding", kernels.embedding_forward, kernels.embedding_backward, reference.embedding,
         lambda rng, dt, s: ([ids(rng, (s["B"], s["T"]), s["V"])],
                             {"E": normal(rng, (s["V"], s["D"]), dt)}),
-        input_names=("ids",), axes={"E": ("token id", "feature")}),
+        input_names=("ids",), axes={"E": ("token id", "feature")}, analytic=True),
     Row("posenc", kernels.posenc_forward, kernels.posenc_backward, reference.posenc,
-        lambda rng, dt, s: ([_x(rng, dt, s)], {}), axes={"x": BTD}),
+        lambda rng, dt, s: ([_x(rng, dt, s)], {}), axes={"x": BTD}, analytic=True),
     Row("rms_norm", kernels.rms_norm_forward, kernels.rms_norm_backward, reference.rms_norm,
-        lambda rng, dt, s: ([_x(rng, dt, s)], {}), axes={"x": BTD}),
+        lambda rng, dt, s: ([_x(rng, dt, s)], {}), axes={"x": BTD}, analytic=True),
     Row("softmax", kernels.softmax_forward, kernels.softmax_backward, reference.softmax,
         lambda rng, dt, s: ([normal(rng, (s["B"], s["T"], s["V"]), dt, 2.0)], {}),
-        axes={"x": ("batch", "token", "class")}),
+        axes={"x": ("batch", "token", "class")}, analytic=True),
     Row("leaky_relu", kernels.leaky_relu_forward, kernels.leaky_relu_backward,
         reference.leaky_relu,
         lambda rng, dt, s: ([away_from_zero(rng, (s["B"], s["T"], s["F"]), dt)], {}),
@@ -147,24 +150,33 @@ ROWS = [
         lambda rng, dt, s: ([_x(rng, dt, s)],
                             {"W": normal(rng, (s["D"], s["V"]), dt, 1 / np.sqrt(s["D"])),
                              "b": normal(rng, (s["V"],), dt, 0.1)}),
-        axes={"x": BTD, "W": ("row", "col"), "b": ("class",)}),
+        axes={"x": BTD, "W": ("row", "col"), "b": ("class",)}, analytic=True),
     Row("ff", kernels.ff_forward, kernels.ff_backward, reference.ff, _ff_case,
         axes={"x": BTD, "W1": ("row", "col"), "W2": ("row", "col"), "b1": ("hidden",),
               "b2": ("feature",)}),
     Row("mha", kernels.mha_forward, kernels.mha_backward, reference.mha,
-        lambda rng, dt, s: ([_x(rng, dt, s)], attention_params(rng, dt, s)), axes=ATTN_AXES),
+        lambda rng, dt, s: ([_x(rng, dt, s)], attention_params(rng, dt, s)), axes=ATTN_AXES,
+        analytic=True),
     Row("mha-causal", kernels.mha_forward, kernels.mha_backward, reference.mha,
         lambda rng, dt, s: ([_x(rng, dt, s)], attention_params(rng, dt, s)),
-        static={"causal": True}, axes=ATTN_AXES),
+        static={"causal": True}, axes=ATTN_AXES, analytic=True),
     Row("mhca", kernels.mhca_forward, kernels.mhca_backward, reference.mhca, _mhca_case,
-        input_names=("x", "z"), axes=ATTN_AXES),
+        input_names=("x", "z"), axes=ATTN_AXES, analytic=True),
     Row("cross_entropy", kernels.cross_entropy_forward, kernels.cross_entropy_backward,
         reference.cross_entropy,
         lambda rng, dt, s: ([normal(rng, (s["B"], s["T"], s["V"]), dt, 2.0),
                              ids(rng, (s["B"], s["T"]), s["V"])], {}),
-        input_names=("logits", "targets"), axes={"logits": ("batch", "token", "class")}),
+        input_names=("logits", "targets"), axes={"logits": ("batch", "token", "class")},
+        analytic=True),
+    Row("layernorm", kernels.layernorm_forward, kernels.layernorm_backward, reference.layernorm,
+        lambda rng, dt, s: ([_x(rng, dt, s)], {"g": normal(rng, (s["D"],), dt, 1.0),
+                                               "b": normal(rng, (s["D"],), dt, 0.1)}),
+        axes={"x": BTD, "g": ("feature",), "b": ("feature",)}, analytic=True,
+        # over 2 features the output is +-g + b whatever x is (up to eps): the gradient is pure
+        # cancellation and no relative comparison means anything (docs/tolerances.md)
+        min_sizes={"D": 4}),
     Row("dropout", kernels.dropout_forward, kernels.dropout_backward, reference.dropout,
-        _dropout_case, static={"rate": 0.25}, axes={"x": BTD}),
+        _dropout_case, static={"rate": 0.25}, axes={"x": BTD}, analytic=True),
     Row("model", whole_model.model_forward, whole_model.model_backward, reference.model,
         _model_case, input_names=("src", "tgt")),
 ]
@@ -172,13 +184,23 @@ ROWS = [
 BY_NAME = {row.name: row for row in ROWS}
 
 
-def run_row(row, dtype, *, seed=0, sizes=None, xp=np):
-    """Check one row at one dtype on one backend (xp: numpy or cupy)."""
+def named_sizes(sizes=None):
+    """The sizes a row's case is drawn at, with P = D / H: names for a wrong scale factor."""
+    s = {**DEFAULT_SIZES, **(sizes or {})}
+    return {**s, "P": s["D"] // s["H"]}
+
+
+def run_row(row, dtype, *, seed=0, sizes=None, xp=np, fd="central", backward=None):
+    """Check one row at one dtype on one backend (xp: numpy or cupy).  ``backward`` replaces
+    the row's own (the bug zoo checks broken ones this way)."""
     from checks.engine import check_layer
+    if fd == "complex" and not row.analytic:
+        raise ValueError(f"fd: the complex step needs an analytic layer; {row.name} is not")
     rng = np.random.default_rng(seed)
     inputs, params, static = row.case(rng, dtype, sizes)
     inputs = [xp.asarray(x) for x in inputs]
     params = {k: xp.asarray(v) for k, v in params.items()}
-    return check_layer(row.forward, row.backward, row.oracle, inputs, params, static=static,
-                       nondiff=row.nondiff, seed=seed, name=row.name,
-                       input_names=row.input_names)
+    return check_layer(row.forward, backward or row.backward, row.oracle, inputs, params,
+                       static=static, nondiff=row.nondiff, seed=seed, name=row.name,
+                       input_names=row.input_names, axes=row.axes, sizes=named_sizes(sizes),
+                       fd=fd)

@@ -20,6 +20,7 @@ from kernels.attention import mha_backward, mha_forward, mhca_backward, mhca_for
 from kernels.dropout import dropout_backward, dropout_forward
 from kernels.embedding import embedding_backward, embedding_forward, orthogonal_embedding
 from kernels.feedforward import ff_backward, ff_forward
+from kernels.layernorm import layernorm_backward, layernorm_forward
 from kernels.linear import linear_backward, linear_forward
 from kernels.loss import cross_entropy_backward, cross_entropy_forward
 from kernels.norm import rms_norm_backward, rms_norm_forward

@@ -5,9 +5,9 @@ shapes.  Gradients always come from ``jax.vjp`` / ``jax.grad``, never written by
 package imports nothing from ``kernels``: an oracle that shared the kernels' code would share
 their bugs.
 """
-from reference.layers import (cross_entropy, dropout, embedding, ff, leaky_relu, linear, mha,
-                              mhca, posenc, rms_norm, softmax)
+from reference.layers import (cross_entropy, dropout, embedding, ff, layernorm, leaky_relu, linear,
+                              mha, mhca, posenc, rms_norm, softmax)
 from reference.transformer import model
 
-__all__ = ["cross_entropy", "dropout", "embedding", "ff", "leaky_relu", "linear", "mha", "mhca",
-           "model", "posenc", "rms_norm", "softmax"]
+__all__ = ["cross_entropy", "dropout", "embedding", "ff", "layernorm", "leaky_relu", "linear", "mha",
+           "mhca", "model", "posenc", "rms_norm", "softmax"]

@@ -21,6 +21,12 @@ def rms_norm(x, params, *, eps=1e-8):
     return x / jnp.sqrt(jnp.mean(x ** 2, axis=-1, keepdims=True) + eps)
 
 
+def layernorm(x, params, *, eps=1e-5):
+    mean = jnp.mean(x, axis=-1, keepdims=True)
+    var = jnp.mean((x - mean) ** 2, axis=-1, keepdims=True)
+    return params["g"] * (x - mean) / jnp.sqrt(var + eps) + params["b"]
+
+
 def softmax(x, params):
     return jax.nn.softmax(x, axis=-1)
 

@@ -13,11 +13,11 @@ sizes = st.fixed_dictionaries({
 }).map(lambda s: {**s, "D": s["H"] * s["P"]})
 
 
-@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 # The whole model has its own tests (tests/test_model.py); each new shape would recompile its oracle.
 LAYERS = [row for row in ROWS if row.name != "model"]
 
 
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(row=st.sampled_from(LAYERS), s=sizes, dtype=st.sampled_from([np.float32, np.float64]),
        seed=st.integers(0, 2**31 - 1))
 def test_random_shapes_agree_with_oracle(row, s, dtype, seed):

@@ -1,0 +1,128 @@
+"""What a check found, tensor by tensor, and how it reads: the table, the failure lines, JSON.
+
+A failing tensor reads like
+
+    mha.WK  FAIL  hand vs autodiff 1.3e+00 (FD agrees with autodiff) — looks like dWQ and dWK
+    are swapped; worst at head 0, row 3, col 1
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from typing import Sequence
+
+
+@dataclasses.dataclass
+class TensorResult:
+    """The comparison of one gradient tensor across the three legs."""
+    name: str
+    shape: tuple
+    hand_vs_autodiff: float = math.nan   # normwise relative error
+    hand_vs_fd: float = math.nan          # relative to |g| |v| (directional) or max |g| (elements)
+    autodiff_vs_fd: float = math.nan
+    max_abs: float = math.nan             # max |g_hand - g_autodiff|
+    tol: float = math.nan                 # tolerance of the hand leg (dtype, reduction length)
+    tol_fd: float = math.nan              # tolerance of the finite-difference leg
+    verdict: str = ""
+    ok: bool = False
+    worst: tuple | None = None            # index of the largest difference from the trusted leg
+    location: str = ""                    # the same, with the layer's axis names
+    diagnosis: str = ""                   # the common bug shape that fits, when one does
+    note: str = ""                        # something the user should know even when it passes
+
+
+@dataclasses.dataclass
+class Report:
+    """What check_layer found: ``.ok``, ``.failing`` and a readable table from ``str()``."""
+    layer: str
+    dtype: str
+    forward_error: float
+    forward_tol: float
+    forward_ok: bool
+    tensors: list
+    error: str = ""      # set when a leg could not be run at all
+    error_in: str = ""   # which part raised or misbehaved: forward, backward or oracle
+    note: str = ""       # e.g. a forward computing in lower precision than its inputs
+
+    @property
+    def ok(self) -> bool:
+        return not self.error and self.forward_ok and all(t.ok for t in self.tensors)
+
+    @property
+    def failing(self) -> list:
+        names = [self.error_in or "forward"] if self.error or not self.forward_ok else []
+        return names + [t.name for t in self.tensors if not t.ok]
+
+    def to_dict(self) -> dict:
+        return {"layer": self.layer, "dtype": self.dtype, "ok": self.ok, "error": self.error,
+                "error_in": self.error_in, "note": self.note,
+                "forward": {"error": _num(self.forward_error), "tol": self.forward_tol,
+                            "ok": self.forward_ok},
+                "tensors": [{k: _num(v) for k, v in dataclasses.asdict(t).items()}
+                            for t in self.tensors]}
+
+    def __str__(self) -> str:
+        return format_table([self])
+
+
+def _num(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
+
+
+def failure_line(layer: str, t: TensorResult) -> str:
+    """One line saying which leg is wrong, by how much, what the bug looks like and where."""
+    head = f"{layer}.{t.name}  FAIL  "
+    if t.verdict.startswith("hand is wrong"):
+        body = f"hand vs autodiff {t.hand_vs_autodiff:.1e} (FD agrees with autodiff)"
+    elif t.verdict.startswith("oracle is wrong"):
+        body = f"autodiff vs FD {t.autodiff_vs_fd:.1e} (FD agrees with hand): the oracle is wrong"
+    elif math.isfinite(t.hand_vs_autodiff):
+        body = f"hand vs autodiff {t.hand_vs_autodiff:.1e}: {t.verdict}"
+    else:
+        body = t.verdict
+    if t.diagnosis:
+        body += f" — {t.diagnosis}"
+    if t.location:
+        body += f"; worst at {t.location}"
+    return head + body
+
+
+def format_table(reports: Sequence[Report]) -> str:
+    """One line per layer x tensor: the three legs' errors, the tolerance and the verdict;
+    then one explaining line per failure and the notes."""
+    head = ("layer", "dtype", "tensor", "shape", "hand-autodiff", "hand-FD", "autodiff-FD",
+            "tol", "verdict")
+    rows, details = [], []
+    for r in reports:
+        fwd = "ok" if r.forward_ok else "FAIL: forward disagrees with the oracle"
+        if r.error:
+            fwd = f"FAIL: {r.error_in or 'forward'}: " + r.error.splitlines()[0]
+            details.append(f"{r.layer}.{r.error_in or 'forward'}  FAIL  {r.error}")
+        elif not r.forward_ok:
+            details.append(f"{r.layer}.forward  FAIL  forward vs oracle {r.forward_error:.1e} "
+                           f"(tol {r.forward_tol:.1e}): gradient comparisons are moot until the "
+                           f"forward agrees")
+        if r.note:
+            details.append(f"{r.layer}  note  {r.note}")
+        rows.append((r.layer, r.dtype, "forward", "", f"{r.forward_error:.1e}", "", "",
+                     f"{r.forward_tol:.1e}", fwd))
+        for t in r.tensors:
+            rows.append((r.layer, r.dtype, t.name, "x".join(map(str, t.shape)) or "scalar",
+                         f"{t.hand_vs_autodiff:.1e}", f"{t.hand_vs_fd:.1e}",
+                         f"{t.autodiff_vs_fd:.1e}", f"{t.tol:.1e}",
+                         "ok" if t.ok else "FAIL: " + t.verdict))
+            if not t.ok:
+                details.append(failure_line(r.layer, t))
+            if t.note:
+                details.append(f"{r.layer}.{t.name}  note  {t.note}")
+    widths = [max(len(str(row[i])) for row in rows + [head]) for i in range(len(head))]
+    line = lambda row: "  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip()
+    table = [line(head), line(["-" * w for w in widths])] + [line(r) for r in rows]
+    return "\n".join(table + ([""] + details if details else []))
+
+
+def reports_to_json(reports: Sequence[Report]) -> str:
+    return json.dumps([r.to_dict() for r in reports], indent=2)

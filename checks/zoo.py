@@ -1,0 +1,254 @@
+"""The bug zoo: classic backprop bugs applied to the lab's own kernels, each a broken backward
+beside the correct one (the kernels themselves stay correct).  Every bug must be caught, and
+where it is one of the common bug shapes the diagnosis must name it.
+
+``python -m checks zoo`` prints the table: bug, caught, the failing tensors and the diagnosis.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Callable, NamedTuple
+
+import numpy as np
+
+import kernels
+import reference
+from checks.registry import BY_NAME, Row, ff_params, normal, run_row
+from kernels.activations import softmax_rows_backward
+from kernels.attention import merge_heads, split_heads
+
+# Sizes at which every constant the diagnosis names is unambiguous: sqrt(P) = sqrt(6) is no
+# small constant, B·T = 8 is no other size, 1 - rate = 0.75; B·T > V, so some token ids repeat.
+ZOO_SIZES = {"B": 2, "T": 4, "S": 3, "D": 12, "H": 2, "F": 10, "V": 5}
+
+
+# --- a pre-norm residual block, x + ff(rms_norm(x)), built from the lab's kernels ---------------
+
+class BlockCache(NamedTuple):
+    norm: object  # RmsNormCache
+    ff: object    # FeedForwardCache
+
+
+def block_forward(x, params):
+    """x + ff(rms_norm(x)): the model's feed-forward sub-block.  x: (B, T, D) -> (B, T, D)."""
+    h, norm = kernels.rms_norm_forward(x, {})    # (B, T, D)
+    f, ff = kernels.ff_forward(h, params)        # (B, T, D)
+    return x + f, BlockCache(norm, ff)
+
+
+def block_backward(dy, cache, *, keep_skip=True):
+    """The skip path passes dy unchanged; the other goes back through ff and the norm."""
+    dh, grads = kernels.ff_backward(dy, cache.ff)            # (B, T, D)
+    dx, _ = kernels.rms_norm_backward(dh, cache.norm)        # (B, T, D)
+    return (dy + dx if keep_skip else dx), grads
+
+
+def block_oracle(x, params):
+    return x + reference.ff(reference.rms_norm(x, {}), params)
+
+
+def _block_case(rng, dtype, s):
+    x = normal(rng, (s["B"], s["T"], s["D"]), dtype)
+    h = x.astype(np.float64) / np.sqrt(np.mean(x.astype(np.float64) ** 2, -1, keepdims=True))
+    return [x], ff_params(rng, dtype, s, h.astype(dtype))
+
+
+BLOCK = Row("block", block_forward, block_backward, block_oracle, _block_case,
+            axes={"x": ("batch", "token", "feature")})
+
+
+# --- the broken backwards -------------------------------------------------------------------
+
+def _attention(dout, cache, *, scale=True, swap_qk=False, a_not_transposed=False,
+               mask_ignored=False, kv_path=True, wo_transposed=False, wv_transposed=False,
+               merge=merge_heads):
+    """kernels.attention's backward for self-attention, with one classic bug switched on."""
+    xq_h, xkv_h, q, k, v, a, heads, params = cache
+    H, B, T, P = q.shape
+    D = H * P
+    w_t = lambda name: params[name].transpose(0, 2, 1)                      # (H, P, P) transposed
+    if mask_ignored:  # recomputes the probabilities without the causal mask
+        logits = q @ k.transpose(0, 1, 3, 2) / math.sqrt(P)                  # (H, B, T, S)
+        e = np.exp(logits - logits.max(axis=-1, keepdims=True))
+        a = e / e.sum(axis=-1, keepdims=True)                                # (H, B, T, S)
+    dout2 = dout.reshape(B * T, D)                                           # (B*T, D)
+    dWO = heads.T @ dout2                                                    # (D, D)
+    dheads = split_heads((dout2 @ params["WO"].T).reshape(B, T, D), H).reshape(H, B, T, P)
+    da = dheads @ v.transpose(0, 1, 3, 2)                                    # (H, B, T, S)
+    dv = (a if a_not_transposed else a.transpose(0, 1, 3, 2)) @ dheads       # (H, B, S, P)
+    dlogits = softmax_rows_backward(da, a)                                   # (H, B, T, S)
+    if scale:
+        dlogits = dlogits / math.sqrt(P)
+    dq = (dlogits @ k).reshape(H, B * T, P)                                  # (H, B*T, P)
+    dk = (dlogits.transpose(0, 1, 3, 2) @ q).reshape(H, B * T, P)            # (H, B*S, P), S = T
+    dv = dv.reshape(H, B * T, P)                                             # (H, B*S, P)
+    weight = lambda x_h, d_h: x_h.transpose(0, 2, 1) @ d_h                   # (H, P, P)
+    grads = {"WQ": weight(xq_h, dq), "WK": weight(xkv_h, dk), "WV": weight(xkv_h, dv),
+             "WO": dWO.T if wo_transposed else dWO}
+    if swap_qk:
+        grads["WQ"], grads["WK"] = grads["WK"], grads["WQ"]
+    if wv_transposed:
+        grads["WV"] = grads["WV"].transpose(0, 2, 1)
+    dx_h = dq @ w_t("WQ")                                                    # (H, B*T, P)
+    if kv_path:
+        dx_h = dx_h + dk @ w_t("WK") + dv @ w_t("WV")                        # (H, B*T, P)
+    return merge(dx_h, B), grads                                             # (B, T, D)
+
+
+def _merge_p_major(x_h, B):
+    """(H, B*T, P) -> (B, T, D) with the features laid out (P, H): the wrong transpose."""
+    H, BT, P = x_h.shape
+    return x_h.transpose(1, 2, 0).reshape(B, BT // B, H * P)
+
+
+def _attn_bug(**flag):
+    return lambda dout, cache: _attention(dout, cache, **flag)
+
+
+def _softmax_no_outer(dy, cache):
+    return cache.y * dy, {}                                   # the diagonal term only
+
+
+def _rms_norm_first_term_only(dy, cache):
+    return dy * cache.inv_rms, {}                             # forgets the term through the rms
+
+
+def _leaky_relu_wrong_slope(dy, cache):
+    return np.where(cache.gain == 1, dy, 0.01 * dy), {}       # 0.01 instead of the forward's 0.1
+
+
+def _linear_bias(pick):
+    def backward(dy, cache):
+        dx, grads = kernels.linear_backward(dy, cache)
+        return dx, {**grads, "b": pick(dy)}
+    return backward
+
+
+def _cross_entropy(transform):
+    def backward(dloss, cache):
+        (dlogits, none), grads = kernels.cross_entropy_backward(dloss, cache)
+        return (transform(dlogits, cache), none), grads
+    return backward
+
+
+def _embedding_assigned(dout, cache):
+    dE = np.zeros((cache.vocab, dout.shape[-1]), dtype=dout.dtype)          # (V, D)
+    dE[cache.ids.reshape(-1)] = dout.reshape(-1, dout.shape[-1])            # last one wins
+    return None, {"E": dE}
+
+
+def _ff_b1_zero(dy, cache):
+    dx, grads = kernels.ff_backward(dy, cache)
+    return dx, {**grads, "b1": np.zeros_like(grads["b1"])}
+
+
+def _dropout_mask_ignored(dy, cache):
+    kept = cache.scale.max()                                                 # 1 / (1 - rate)
+    return dy * kept, {}
+
+
+def _dropout_unscaled(dy, cache):
+    return dy * (cache.scale != 0), {}                                       # mask, no 1/(1 - rate)
+
+
+def _layernorm(variant):
+    def backward(dy, cache):
+        dx, grads = kernels.layernorm_backward(dy, cache)
+        if variant == "bias mean":
+            grads = {**grads, "b": dy.reshape(-1, dy.shape[-1]).mean(axis=0)}
+        else:  # forgets the term through the mean
+            xhat, inv_std, g = cache
+            dxhat = dy * g
+            dx = (dxhat - xhat * (dxhat * xhat).mean(axis=-1, keepdims=True)) * inv_std
+        return dx, grads
+    return backward
+
+
+class Bug(NamedTuple):
+    name: str
+    row: Row
+    backward: Callable
+    tensor: str = ""     # where the pattern shows
+    pattern: str = ""    # a phrase the diagnosis must contain; "" when no common shape applies
+
+
+BUGS = [
+    Bug("transposed weight gradient (W_O)", BY_NAME["mha"], _attn_bug(wo_transposed=True),
+        "WO", "transposed (last two axes"),
+    Bug("W_V gradient transposed per head", BY_NAME["mha"], _attn_bug(wv_transposed=True),
+        "WV", "transposed per head"),
+    Bug("dQ and dK swapped", BY_NAME["mha"], _attn_bug(swap_qk=True), "WK", "dWK and dWQ are swapped"),
+    Bug("heads merged with the wrong transpose in dx", BY_NAME["mha"],
+        _attn_bug(merge=_merge_p_major), "x", "width is laid out as (P, H)"),
+    Bug("attention weights not transposed in dV", BY_NAME["mha"], _attn_bug(a_not_transposed=True),
+        "WV"),
+    Bug("missing 1/sqrt(P) in backward", BY_NAME["mha"], _attn_bug(scale=False), "WQ",
+        "scaled by a constant: sqrt(P)"),
+    Bug("causal mask ignored in backward", BY_NAME["mha-causal"], _attn_bug(mask_ignored=True), "WQ"),
+    Bug("self-attention dx misses the key/value path", BY_NAME["mha"], _attn_bug(kv_path=False), "x"),
+    Bug("softmax Jacobian missing its outer-product term", BY_NAME["softmax"], _softmax_no_outer, "x"),
+    Bug("bias gradient summed over the wrong axis", BY_NAME["linear"],
+        _linear_bias(lambda dy: dy.sum(axis=0)), "b", "missing a sum over a broadcast axis"),
+    Bug("bias gradient from the first batch element only", BY_NAME["linear"],
+        _linear_bias(lambda dy: dy[0].sum(axis=0)), "b", "missing a sum over output axis 0"),
+    Bug("residual gradient dropped", BLOCK, lambda dy, c: block_backward(dy, c, keep_skip=False),
+        "x", "skip connection"),
+    Bug("RMS-norm missing its second term", BY_NAME["rms_norm"], _rms_norm_first_term_only, "x"),
+    Bug("leaky-ReLU slope wrong in backward", BY_NAME["leaky_relu"], _leaky_relu_wrong_slope, "x"),
+    Bug("cross-entropy not divided by B·T", BY_NAME["cross_entropy"],
+        _cross_entropy(lambda d, c: d * c.targets.size), "logits", "scaled by a constant: B·T"),
+    Bug("cross-entropy gradient with the wrong sign", BY_NAME["cross_entropy"],
+        _cross_entropy(lambda d, c: -d), "logits", "wrong sign"),
+    Bug("embedding ids assigned, not accumulated", BY_NAME["embedding"], _embedding_assigned, "E",
+        "repeated ids"),
+    Bug("bias gradient never filled (left at zero)", BY_NAME["ff"], _ff_b1_zero, "b1",
+        "identically zero"),
+    Bug("dropout mask ignored in backward", BY_NAME["dropout"], _dropout_mask_ignored, "x",
+        "wrong only where the mask 'mask'"),
+    Bug("dropout backward forgets 1/(1 - rate)", BY_NAME["dropout"], _dropout_unscaled, "x",
+        "scaled by a constant: 1 - rate"),
+    Bug("layer-norm bias gradient averaged, not summed", BY_NAME["layernorm"],
+        _layernorm("bias mean"), "b", "scaled by a constant: 1/(B·T)"),
+    Bug("layer-norm missing the term through the mean", BY_NAME["layernorm"],
+        _layernorm("no mean term"), "x"),
+]
+
+
+@dataclasses.dataclass
+class ZooResult:
+    bug: Bug
+    caught: bool
+    failing: list
+    diagnosis: str
+    named: bool   # the expected pattern was named (True when none is expected)
+    report: object
+
+
+def run_bug(bug: Bug, dtype=np.float64, seed=0) -> ZooResult:
+    report = run_row(bug.row, dtype, seed=seed, sizes=ZOO_SIZES, backward=bug.backward)
+    shown = next((t for t in report.tensors if t.name == bug.tensor and not t.ok), None)
+    diagnosis = shown.diagnosis if shown else ""
+    if shown and not diagnosis:
+        diagnosis = shown.verdict
+    return ZooResult(bug, not report.ok, report.failing, diagnosis,
+                     bug.pattern in diagnosis if bug.pattern else True, report)
+
+
+def run_zoo(dtype=np.float64, seed=0):
+    return [run_bug(bug, dtype, seed) for bug in BUGS]
+
+
+def format_zoo(results) -> str:
+    head = ("bug", "layer", "caught", "failing", f"diagnosis (of the named tensor)")
+    rows = [(r.bug.name, r.bug.row.name, "yes" if r.caught else "NO", ", ".join(r.failing),
+             (f"{r.bug.tensor}: " if r.bug.tensor else "") + (r.diagnosis or "-")
+             + ("" if r.named else "   <- expected: " + r.bug.pattern)) for r in results]
+    widths = [max(len(x[i]) for x in rows + [head]) for i in range(len(head))]
+    line = lambda x: "  ".join(c.ljust(w) for c, w in zip(x, widths)).rstrip()
+    caught = sum(r.caught for r in results)
+    named = sum(r.named and bool(r.bug.pattern) for r in results)
+    patterned = sum(bool(r.bug.pattern) for r in results)
+    return "\n".join([line(head), line(["-" * w for w in widths])] + [line(x) for x in rows]
+                     + [f"\n{caught} of {len(results)} bugs caught; the expected pattern named "
+                        f"for {named} of the {patterned} that have one"])

@@ -1,0 +1,164 @@
+"""A broken kernel or oracle gives a failing report naming what is wrong, never a crash; no
+non-finite value passes; the checker's draws never touch the global RNG; the CLI fails cleanly."""
+import numpy as np
+import jax.numpy as jnp
+import pytest
+
+import kernels
+import reference
+from checks import check_layer
+from checks.__main__ import main
+
+
+def case(dtype=np.float64):
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((3, 4, 6)).astype(dtype)
+    params = {"W": rng.standard_normal((6, 5)).astype(dtype),
+              "b": rng.standard_normal(5).astype(dtype)}
+    return x, params
+
+
+def check(backward=kernels.linear_backward, forward=kernels.linear_forward,
+          oracle=reference.linear, dtype=np.float64, **kw):
+    x, params = case(dtype)
+    return check_layer(forward, backward, oracle, [x], params, name="linear", **kw)
+
+
+def patched(**changes):
+    """linear_backward with some gradients replaced: changes maps key -> f(grads) or None."""
+    def backward(dy, cache):
+        dx, grads = kernels.linear_backward(dy, cache)
+        grads = dict(grads)
+        for key, f in changes.items():
+            if f is None:
+                grads.pop(key)
+            else:
+                grads[key] = f(grads, dx)
+        return dx, grads
+    return backward
+
+
+def test_wrong_shape_is_a_failing_report_naming_the_tensor():
+    report = check(patched(W=lambda g, dx: g["W"][:, :4]))
+    assert report.failing == ["W"]
+    assert "hand gradient has shape (6, 4), expected (6, 5)" in report.tensors[1].verdict
+
+
+def test_missing_and_extra_gradient_keys():
+    report = check(patched(b=None, c=lambda g, dx: g["W"]))
+    assert report.failing == ["b", "c"]
+    assert "no gradient" in report.tensors[2].verdict and "not a parameter" in report.tensors[3].verdict
+
+
+def test_wrong_dtype_and_wrong_number_of_input_gradients():
+    assert check(patched(b=lambda g, dx: g["b"].astype(np.float32))).failing == ["b"]
+    report = check(lambda dy, c: ((kernels.linear_backward(dy, c)[0],) * 2, {}))
+    assert report.failing == ["backward"] and "expected a tuple of 1" in report.error
+
+
+@pytest.mark.parametrize("part", ["forward", "backward", "oracle"])
+def test_a_raising_part_is_named(part):
+    def boom(*args, **kwargs):
+        raise RuntimeError("boom")
+    report = check(**{part: boom})
+    assert not report.ok and report.failing == [part]
+    assert "RuntimeError: boom" in report.error and part in str(report)
+
+
+def test_forward_output_of_the_wrong_shape_or_dtype():
+    report = check(forward=lambda x, p: (kernels.linear_forward(x, p)[0][:, :2],
+                                         kernels.linear_forward(x, p)[1]))
+    assert report.failing == ["forward"] and "shape" in report.error
+    report = check(forward=lambda x, p: (lambda y, c: (y.astype(np.float32), c))(
+        *kernels.linear_forward(x, p)))
+    assert report.failing == ["forward"] and "dtype float32" in report.error
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_non_finite_hand_gradient_never_passes(bad):
+    def poisoned(g, dx):
+        w = g["W"].copy()
+        w[1, 2] = bad
+        return w
+    report = check(patched(W=poisoned))
+    assert report.failing == ["W"]
+    assert report.tensors[1].verdict == "non-finite values in the hand leg"
+
+
+def test_non_finite_forward_and_oracle_are_reported():
+    def nan_forward(x, p):
+        y, cache = kernels.linear_forward(x, p)
+        return np.where(np.arange(y.size).reshape(y.shape) == 3, np.nan, y), cache
+    report = check(forward=nan_forward)
+    assert not report.ok and report.error_in == "forward"
+    assert "non-finite values in the hand forward: 1 NaN, 0 Inf" in report.error
+    report = check(oracle=lambda x, p: jnp.log(x - 10.0) @ p["W"] + p["b"])
+    assert not report.ok and {"oracle", "input0", "W"} <= set(report.failing)
+    assert "non-finite values in the oracle" in report.error
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_non_finite_inputs_never_pass():
+    x, params = case()
+    x[0, 0, 0] = np.inf
+    report = check_layer(kernels.linear_forward, kernels.linear_backward, reference.linear,
+                         [x], params)
+    assert not report.ok and "non-finite" in report.error
+
+
+def test_a_forward_computing_in_float32_gets_a_note_not_a_failure():
+    def forward32(x, p):
+        y, cache = kernels.linear_forward(x.astype(np.float32),
+                                          {k: v.astype(np.float32) for k, v in p.items()})
+        return y.astype(np.float64), cache
+
+    def backward32(dy, cache):
+        dx, grads = kernels.linear_backward(dy.astype(np.float32), cache)
+        return dx.astype(np.float64), {k: g.astype(np.float64) for k, g in grads.items()}
+
+    report = check(backward32, forward32)
+    assert report.ok, str(report)
+    assert "lower precision than its float64 inputs" in report.note and "note" in str(report)
+    # and a real bug in such a kernel is still caught
+    bad = check(lambda dy, c: (lambda dx, g: (dx, {**g, "b": -g["b"]}))(*backward32(dy, c)),
+                forward32)
+    assert bad.failing == ["b"] and "wrong sign" in bad.tensors[2].diagnosis
+
+
+def test_a_small_error_in_a_float64_forward_is_not_excused_as_float32():
+    """An error of float32's size that is not float32 rounding (here a bias off by 1e-7) fails."""
+    def nudged(x, p):
+        y, cache = kernels.linear_forward(x, {**p, "b": p["b"] + 1e-7})
+        return y, cache
+    report = check(forward=nudged)
+    assert "forward" in report.failing and not report.note
+
+
+def test_kink_makes_finite_differences_unreliable_not_a_failure():
+    x = np.random.default_rng(0).standard_normal((2, 3, 4))
+    x[0, 0, 0] = 0.0  # leaky ReLU's kink, inside the FD step
+    report = check_layer(kernels.leaky_relu_forward, kernels.leaky_relu_backward,
+                         reference.leaky_relu, [x], {})
+    assert report.ok
+    assert "finite differences unreliable here" in report.tensors[0].note
+    assert "kink" in report.tensors[0].note
+
+
+def test_checker_never_touches_the_global_rng_and_is_deterministic():
+    np.random.seed(1234)
+    before = np.random.get_state()
+    first = check(patched(W=lambda g, dx: 2 * g["W"]), seed=3).to_dict()
+    after = np.random.get_state()
+    assert all(np.array_equal(a, b) for a, b in zip(before, after))
+    assert check(patched(W=lambda g, dx: 2 * g["W"]), seed=3).to_dict() == first
+
+
+@pytest.mark.parametrize("argv", [["--layer", "nope"], ["steps", "nope"], ["--dtype", "f16"],
+                                  ["calibrate", "--seeds", "x"], ["calibrate", "--seeds", "0"],
+                                  ["steps"], ["--bogus"], ["zoo", "extra"],
+                                  ["--layer", "leaky_relu", "--fd", "complex"]])
+def test_cli_errors_are_one_line_and_status_2(argv, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert err.startswith("python -m checks")

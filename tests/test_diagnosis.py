@@ -1,0 +1,146 @@
+"""The diagnosis names the bug shape that fits, the localisation names the axes, and a failing
+report reads as the issue asks: which leg, how far off, what it looks like, where."""
+import numpy as np
+import pytest
+
+import kernels
+import reference
+from checks import check_layer
+from checks.diagnosis import NO_PATTERN, Context, constants_from, diagnose, locate
+
+TOL = 1e-12
+RNG = np.random.default_rng(7)
+R = RNG.standard_normal((2, 4, 4))
+OTHER = RNG.standard_normal((2, 4, 4))
+
+
+def ctx(**kw):
+    base = dict(trusted={"WQ": R, "WK": OTHER}, axes={"WQ": ("head", "row", "col")},
+                constants=constants_from({"B": 3, "T": 5, "P": 6}, {"rate": 0.25}, []),
+                masks=[], ids=[], dout=RNG.standard_normal((3, 5, 8)), slice_vjp=None)
+    return Context(**{**base, **kw})
+
+
+@pytest.mark.parametrize("g, phrase", [
+    (np.zeros_like(R), "identically zero"),
+    (-R, "wrong sign"),
+    (2 * R, "scaled by a constant: 2 x"),
+    (R / np.sqrt(6), "scaled by a constant: 1/sqrt(P) = 0.408"),
+    (15 * R, "scaled by a constant: B·T = 15"),
+    (0.75 * R, "scaled by a constant: 1 - rate = 0.75"),
+    (1.2345 * R, "1.234 (not a simple constant)"),
+    (R.transpose(0, 2, 1), "transposed per head"),
+    (OTHER, "looks like dWQ and dWK are swapped"),
+    (R + RNG.standard_normal(R.shape), NO_PATTERN),
+])
+def test_each_pattern_is_named(g, phrase):
+    assert phrase in diagnose("WQ", g, R, ctx(), TOL)
+
+
+def test_wrong_only_in_the_causal_triangle():
+    scores = RNG.standard_normal((2, 3, 4, 4))   # (batch, head, query, key)
+    g = scores + np.triu(RNG.standard_normal((4, 4)), k=1)  # wrong only for keys after the query
+    c = ctx(trusted={"s": scores}, axes={"s": ("batch", "head", "query", "key")})
+    assert "wrong only where the causal mask" in diagnose("s", g, scores, c, TOL)
+    g_below = scores + np.tril(RNG.standard_normal((4, 4)))
+    assert diagnose("s", g_below, scores, c, TOL) == NO_PATTERN
+
+
+def test_repeated_ids_assigned_not_accumulated():
+    ids = np.array([[0, 2, 2], [3, 0, 1]])        # 0 and 2 repeat, 1 and 3 do not
+    ref = RNG.standard_normal((5, 4))
+    g = ref.copy()
+    g[[0, 2]] *= 0.5
+    c = ctx(trusted={"E": ref}, ids=[ids])
+    assert "rows of repeated ids" in diagnose("E", g, ref, c, TOL)
+    g[3] += 1  # a row that occurs once is wrong too: not that pattern
+    assert "repeated ids" not in diagnose("E", g, ref, c, TOL)
+
+
+def test_missing_sum_and_transposed_shapes():
+    ref = RNG.standard_normal(6)
+    per_token = RNG.standard_normal((5, 6))
+    per_token[-1] = ref - per_token[:-1].sum(axis=0)
+    assert "missing a sum over a broadcast axis" in diagnose("b", per_token, ref, ctx(), TOL)
+    W = RNG.standard_normal((3, 5))
+    assert "transpose of the expected" in diagnose("W", W.T.copy(), W, ctx(), TOL)
+
+
+def test_heads_merged_with_the_wrong_transpose():
+    ref = RNG.standard_normal((2, 3, 12))               # (B, T, D), D = H P with H = 2, P = 6
+    g = ref.reshape(2, 3, 2, 6).swapaxes(-1, -2).reshape(2, 3, 12)
+    c = ctx(trusted={"x": ref}, heads=2)
+    assert "laid out as (P, H)" in diagnose("x", g, ref, c, TOL)
+    assert diagnose("x", g, ref, ctx(trusted={"x": ref}), TOL) == NO_PATTERN  # H unknown
+
+
+def test_skip_connection_dropped():
+    dout = RNG.standard_normal((2, 3, 4))
+    ref = RNG.standard_normal((2, 3, 4))
+    c = ctx(trusted={"x": ref}, dout=dout)
+    assert "skip connection" in diagnose("x", ref - dout, ref, c, TOL)
+
+
+def test_location_with_and_without_axis_names():
+    assert locate((0, 2, 3, 5), (1, 4, 8, 8), ("batch", "head", "query", "key")) == \
+        "batch 0, head 2, query 3, key 5"
+    assert locate((1, 2), (3, 4), None) == "flat index 6"
+    assert locate((1, 2), (3, 4), ("only one name",)) == "flat index 6"
+
+
+def _attention_case(dtype=np.float64):
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((2, 4, 12)).astype(dtype)  # the zoo's sizes: compiled once
+    params = {k: (rng.standard_normal((2, 6, 6)) / 2.5).astype(dtype) for k in ("WQ", "WK", "WV")}
+    params["WO"] = (rng.standard_normal((12, 12)) / 3.5).astype(dtype)
+    return x, params
+
+
+def test_failing_report_reads_like_the_issue():
+    """`mha.WK  FAIL  hand vs autodiff 1.3e+00 (FD agrees with autodiff) — looks like dWK and
+    dWQ are swapped ...; worst at head 0, row 3, col 5`, with the layer's axis names."""
+    x, params = _attention_case(np.float32)
+
+    def swapped(dout, cache):
+        dx, grads = kernels.mha_backward(dout, cache)
+        return dx, {**grads, "WQ": grads["WK"], "WK": grads["WQ"]}
+
+    axes = {"x": ("batch", "token", "feature"), "WQ": ("head", "row", "col"),
+            "WK": ("head", "row", "col")}
+    report = check_layer(kernels.mha_forward, swapped, reference.mha, [x], params, name="mha",
+                         axes=axes, input_names=("x",))
+    assert report.failing == ["WQ", "WK"]
+    line = next(l for l in str(report).splitlines() if l.startswith("mha.WK  FAIL"))
+    wk = next(t for t in report.tensors if t.name == "WK")
+    assert line.startswith(f"mha.WK  FAIL  hand vs autodiff {wk.hand_vs_autodiff:.1e} "
+                           "(FD agrees with autodiff) — looks like dWK and dWQ are swapped")
+    h, r, c = wk.worst
+    assert line.endswith(f"; worst at head {h}, row {r}, col {c}")
+
+
+def test_scale_is_named_with_the_layer_sizes():
+    x, params = _attention_case()
+
+    def unscaled(dout, cache):
+        dx, grads = kernels.mha_backward(dout, cache)
+        return dx, {**grads, "WQ": grads["WQ"] * np.sqrt(6)}
+
+    report = check_layer(kernels.mha_forward, unscaled, reference.mha, [x], params,
+                         sizes={"B": 2, "T": 4, "D": 12, "H": 2, "P": 6})
+    wq = next(t for t in report.tensors if t.name == "WQ")
+    assert report.failing == ["WQ"] and "sqrt(P) = 2.45" in wq.diagnosis
+    assert wq.location.startswith("flat index")  # no axis names given
+
+
+def test_fd_schemes_agree_on_a_correct_pair_and_catch_a_bug():
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((2, 3, 4))
+    params = {"W": rng.standard_normal((4, 4)), "b": rng.standard_normal(4)}
+    wrong = lambda dy, c: (lambda dx, g: (dx, {**g, "W": g["W"].T}))(*kernels.linear_backward(dy, c))
+    for fd in ("central", "richardson", "complex"):
+        good = check_layer(kernels.linear_forward, kernels.linear_backward, reference.linear,
+                           [x], params, fd=fd)
+        bad = check_layer(kernels.linear_forward, wrong, reference.linear, [x], params, fd=fd)
+        assert good.ok, (fd, str(good))
+        assert bad.failing == ["W"] and "transposed" in bad.tensors[1].diagnosis, fd
+        assert bad.tensors[1].verdict == "hand is wrong (autodiff and FD agree)"

@@ -1,0 +1,58 @@
+"""The bug zoo: every classic bug is caught, and the diagnosis names its pattern."""
+import numpy as np
+import pytest
+
+from checks.calibrate import Margin, calibrate_one, format_margins, shape_pool
+from checks.registry import run_row
+from checks.zoo import BLOCK, BUGS, format_zoo, run_bug
+
+
+@pytest.mark.parametrize("bug", BUGS, ids=lambda b: b.name.replace(" ", "-"))
+def test_bug_is_caught_and_diagnosed(bug):
+    result = run_bug(bug)
+    assert result.caught, "\n" + str(result.report)
+    assert bug.tensor in result.failing, result.failing
+    assert result.named, f"expected '{bug.pattern}', got '{result.diagnosis}'"
+    verdict = next(t.verdict for t in result.report.tensors if t.name == bug.tensor)
+    # a broken hand backward is blamed on the hand, never on the oracle or the FD
+    assert verdict.startswith("hand") or "shape" in verdict, verdict
+
+
+def test_zoo_covers_the_common_bug_shapes():
+    assert len(BUGS) >= 15
+    patterns = " ".join(b.pattern for b in BUGS)
+    for shape in ("identically zero", "wrong sign", "scaled by a constant", "transposed",
+                  "swapped", "wrong only where the mask", "repeated ids", "missing a sum"):
+        assert shape in patterns, shape
+
+
+def test_zoo_float32_names_the_patterns_too():
+    for bug in [b for b in BUGS if b.row.name in ("cross_entropy", "dropout", "embedding")]:
+        result = run_bug(bug, np.float32)
+        assert result.caught and result.named, (bug.name, result.diagnosis)
+
+
+def test_zoo_composite_block_is_correct_with_its_own_backward():
+    assert run_row(BLOCK, np.float64, seed=3).ok and run_row(BLOCK, np.float32, seed=3).ok
+
+
+def test_zoo_table_lists_each_bug():
+    results = [run_bug(b) for b in BUGS[-3:]]
+    text = format_zoo(results)
+    assert all(b.name in text for b in BUGS[-3:]) and "3 of 3 bugs caught" in text
+
+
+def test_small_calibration_has_no_false_alarm():
+    """The suite's small version of `python -m checks calibrate` (that one runs 200 seeds)."""
+    pool = shape_pool(0)[:3]
+    margins = [calibrate_one("linear", dt, 3, pool) for dt in ("float64", "float32")]
+    assert all(m.checks == 3 and m.false_alarms == 0 for m in margins)
+    assert all(0 < m.worst < 1 for m in margins)
+    assert "linear" in format_margins(margins)
+
+
+def test_calibration_counts_a_false_alarm():
+    bad = run_bug(next(b for b in BUGS if b.row.name == "linear")).report
+    margin = Margin("linear", "float64")
+    margin.add(bad, "seed 0")
+    assert margin.false_alarms == 1 and margin.worst > 1 and "seed 0" in margin.first_alarm
