@@ -2,6 +2,7 @@
 config validation.  Tiny models and a few steps: the article's run is a command, not a test."""
 import dataclasses
 import io
+import pathlib
 import zipfile
 
 import jax.numpy as jnp
@@ -184,3 +185,34 @@ def test_train_command_writes_its_files_and_generate_reads_the_checkpoint(tmp_pa
         generate.parse_requests("1 2 x")
     with pytest.raises(ValueError, match="requests: expected one or more requests of equal length"):
         generate.parse_requests("1 2; 3")
+
+
+def test_killed_process_keeps_its_checkpoint_and_resumes_to_the_same_parameters(tmp_path):
+    """SIGKILL (no chance to clean up) mid-run: the last checkpoint is whole, and --resume
+    ends bit-identical to an uninterrupted run with the same settings."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    long = dataclasses.replace(TINY, epochs=150)  # long enough to be killed part-way
+    path = tmp_path / "killed.npz"
+    options = ["--task", "sort", "--max-tokens", "4", "--batches", "6", "--batch", "8",
+               "--d-model", "12", "--heads", "2", "--epochs", "150"]
+    options += [f"--{f.replace('_', '-')}={getattr(TINY, f)}" for f in
+                ("ff_mult", "steps", "warmup", "dropout", "seed", "start_rate", "dtype")]
+    env = {**os.environ, "GRADLAB_QUIET": "1", "GRADLAB_RESULTS": str(tmp_path)}
+    proc = subprocess.Popen([sys.executable, "-m", "experiments", "train", *options,
+                             "--checkpoint", str(path)], env=env, cwd=pathlib.Path(__file__).parents[1],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while not path.exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    time.sleep(0.2)  # let a few more epochs (and checkpoint writes) go by, then kill mid-run
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    saved = checkpoint.load(path)  # whole and readable: writes are atomic
+    assert 1 <= saved.epoch < long.epochs
+    resumed = train.fit(dataclasses.replace(long, resume=True), path)
+    whole = train.fit(long, tmp_path / "whole.npz")
+    assert all(np.array_equal(whole.params[k], resumed.params[k]) for k in whole.params)
