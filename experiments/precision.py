@@ -187,8 +187,7 @@ def _charts(m, config, figures):
     a1.loglog(grid, np.sqrt(grid) * U["float32"], "r:", lw=1.5, label="√n·u (probabilistic)")
     a1.axhline(U["float32"], color="0.5", lw=1, label="u = 2⁻²⁴")
     kit.label(a1, "float32 error of the kernels against float64", "reduction length n",
-              "relative error (unitless)")
-    a1.legend(fontsize=7, loc="upper left")
+              "relative error (unitless)", legend="upper left")
     kit.save(fig, NAME, "reduction.png",
              "float32 error of the lab's kernels (same inputs run in float64 as the reference) as the "
              "reduction length grows, against Higham's worst-case γ_n and the probabilistic √n·u. "
@@ -202,8 +201,7 @@ def _charts(m, config, figures):
         b1.axvline(u ** (1 / 3), color=f"C{i}", ls=":", lw=1.5, label=f"u^(1/3) = {u ** (1 / 3):.1e}")
     b1.set_ylim(1e-12, 10)
     kit.label(b1, f"central differences of ⟨softmax(x), g⟩, n = {config.fd_width}",
-              "step h (input units)", "relative error of the derivative")
-    b1.legend(fontsize=7, loc="lower left")
+              "step h (input units)", "relative error of the derivative", legend="lower left")
     kit.save(fig, NAME, "finite_differences.png",
              "Relative error of a central difference against the exact derivative (hand backward, "
              "float64) as the step shrinks: truncation (slope 2) on the right, rounding (slope −1) "

@@ -138,6 +138,8 @@ def figure(ncols=1, width=5.2, height=4.0, nrows=1):
 
 
 def label(ax, title, xlabel, ylabel, *, logx=False, logy=False, legend=True):
+    """Title and axis labels; log scales on request; a legend (legend may name its corner,
+    e.g. "upper left", or be False)."""
     ax.set_title(title, fontsize=10)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
@@ -146,7 +148,7 @@ def label(ax, title, xlabel, ylabel, *, logx=False, logy=False, legend=True):
     if logy:
         ax.set_yscale("log")
     if legend:
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, **({"loc": legend} if isinstance(legend, str) else {}))
 
 
 def sandbox(monkeypatch, folder, *, charts=True):

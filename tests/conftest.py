@@ -23,3 +23,17 @@ BACKENDS = [pytest.param(np, id="numpy"),
 @pytest.fixture(params=BACKENDS)
 def xp(request):
     return request.param
+
+
+@pytest.fixture
+def study_sandbox(tmp_path, monkeypatch):
+    """Studies write into tmp_path, silently, building their charts without rendering PNGs."""
+    from experiments import studykit
+    studykit.sandbox(monkeypatch, tmp_path, charts=False)
+
+
+@pytest.fixture
+def study_sandbox_with_charts(tmp_path, monkeypatch):
+    """As study_sandbox, but the PNGs are rendered (tests that read the files or the report)."""
+    from experiments import studykit
+    studykit.sandbox(monkeypatch, tmp_path)

@@ -6,15 +6,13 @@ import numpy as np
 import pytest
 
 import kernels
-from experiments import attention_scaling as study, studykit as kit
+from experiments import attention_scaling as study
 
 TINY = study.Config(widths=(8, 32, 128), keys=16, batch=2, draws=3, sigma_points=12,
                     sweep_rows=600, seed=3)
 
 
-@pytest.fixture(autouse=True)
-def isolated(tmp_path, monkeypatch):
-    kit.sandbox(monkeypatch, tmp_path, charts=False)
+pytestmark = pytest.mark.usefixtures("study_sandbox")
 
 
 def test_logit_std_follows_the_power_laws_and_entropy_the_closed_form():

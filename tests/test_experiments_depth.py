@@ -3,15 +3,13 @@ without residuals, and the stack's hand backward against finite differences for 
 import numpy as np
 import pytest
 
-from experiments import depth as study, common, studykit as kit
+from experiments import depth as study, common
 
 TINY = study.Config(width=16, heads=2, tokens=8, batch=2, max_depth=6, grad_depths=(1, 2, 4, 6),
                     trials=3, seed=2)
 
 
-@pytest.fixture(autouse=True)
-def isolated(tmp_path, monkeypatch):
-    kit.sandbox(monkeypatch, tmp_path, charts=False)
+pytestmark = pytest.mark.usefixtures("study_sandbox")
 
 
 def test_xiong_band_flat_post_norm_and_rank_collapse():

@@ -5,14 +5,12 @@ import math
 import numpy as np
 import pytest
 
-from experiments import init_scale as study, studykit as kit
+from experiments import init_scale as study
 
 TINY = study.Config(width=16, depth=6, vectors=4, trials=24, seed=4)
 
 
-@pytest.fixture(autouse=True)
-def isolated(tmp_path, monkeypatch):
-    kit.sandbox(monkeypatch, tmp_path, charts=False)
+pytestmark = pytest.mark.usefixtures("study_sandbox")
 
 
 def test_gain_normalisation_and_centring():

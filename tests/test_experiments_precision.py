@@ -8,9 +8,7 @@ from experiments import common, precision as study, studykit as kit
 TINY = study.Config(lengths=(16, 256, 4096, 65536), rows=4, trials=2, fd_draws=32, fd_steps=25, seed=5)
 
 
-@pytest.fixture(autouse=True)
-def isolated(tmp_path, monkeypatch):
-    kit.sandbox(monkeypatch, tmp_path, charts=False)
+pytestmark = pytest.mark.usefixtures("study_sandbox")
 
 
 def test_errors_respect_the_bounds_and_the_step_optimum():

@@ -9,9 +9,7 @@ import experiments.__main__ as cli
 from experiments import report, studykit as kit
 
 
-@pytest.fixture(autouse=True)
-def isolated(tmp_path, monkeypatch):
-    kit.sandbox(monkeypatch, tmp_path)
+pytestmark = pytest.mark.usefixtures("study_sandbox_with_charts")
 
 
 def fake_study(name, *, fails=False, in_all=True):

@@ -11,9 +11,7 @@ TINY = sqrt_d.Config(sizes=(3, 64), trials=300, loop_trials=3, dot_lengths=(4, 6
                      dot_trials=800, seed=1)
 
 
-@pytest.fixture(autouse=True)
-def isolated(tmp_path, monkeypatch):
-    kit.sandbox(monkeypatch, tmp_path)
+pytestmark = pytest.mark.usefixtures("study_sandbox_with_charts")
 
 
 def test_tiny_run_follows_the_laws_and_writes_its_files(tmp_path):
