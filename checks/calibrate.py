@@ -12,6 +12,8 @@ import multiprocessing
 
 import numpy as np
 
+from checks.verdict import Kind
+
 N_SHAPES = 8  # shapes drawn per calibration run; each costs one compilation per oracle
 
 
@@ -54,10 +56,10 @@ class Margin:
 
     def add(self, report, where):
         self.checks += 1
-        self.forward = max(self.forward, _frac(report.forward_error, report.forward_tol))
+        self.forward = max(self.forward, _finite(report.forward_score))
         for t in report.tensors:
-            self.hand_autodiff = max(self.hand_autodiff, _frac(t.hand_vs_autodiff, t.tol))
-            if t.note.startswith("finite differences unreliable"):
+            self.hand_autodiff = max(self.hand_autodiff, _finite(t.score))
+            if t.verdict is not None and t.verdict.kind is Kind.FD_SET_ASIDE:
                 self.fd_kinks += 1
                 continue
             self.hand_fd = max(self.hand_fd, _frac(t.hand_vs_fd, max(t.tol, t.tol_fd)))
@@ -69,6 +71,10 @@ class Margin:
     @property
     def worst(self):
         return max(self.forward, self.hand_autodiff, self.hand_fd, self.autodiff_fd)
+
+
+def _finite(x):
+    return float(x) if np.isfinite(x) else float("inf")
 
 
 def _frac(err, tol):

@@ -1,17 +1,22 @@
 """The three-legged gradient check: hand backward, autodiff of the oracle, finite differences.
 
 All three legs are driven by the same random upstream gradient ``dout`` (never the gradient of
-``out.sum()``, which is identically zero through a softmax).  For every differentiable tensor
-(each non-integer input not listed in ``nondiff`` and each parameter) the report gives
+``out.sum()``, which is identically zero through a softmax), rounded to the checked dtype so the
+hand kernel and the trusted legs differentiate exactly the same function of exactly the same
+numbers.  ``check_layer`` is a pipeline of named stages:
 
-* hand vs autodiff: max |g_hand - g_autodiff| / max |g_autodiff| over the whole tensor;
-* hand vs FD and autodiff vs FD: finite differences in float64 of the hand forward, along a
-  few random directions always, and element by element on small tensors;
+    prepare     validate the arguments, move the inputs to the host, draw dout
+    oracle      the oracle's output and its VJP (float64)
+    hand        the kernel's forward and backward in the checked dtype
+    forward     the kernel's output against the oracle's; precision findings
+    rounding    the rounding model's spread for every output and gradient element
+    legs        per tensor: finite differences, then ``judge`` (hand vs autodiff, both vs FD)
+    diagnose    for a failure: the bug shape that fits and where it is worst
 
-a verdict naming the leg that disagrees, and for a failure the bug shape that fits and the worst
-element (``checks.diagnosis``).  The forward is compared with the oracle first: when it disagrees
-the gradient comparisons are moot.  A broken kernel or oracle (raising, misshapen or missing
-gradients, non-finite values) gives a failing report, never an exception.
+``LayerCheck`` keeps what the stages computed, so ``judge`` can rule on another hand gradient
+for the same case without running any leg again (``checks.sensitivity`` injects errors that way).
+A broken kernel or oracle (raising, misshapen or missing gradients, non-finite values) gives a
+failing report, never an exception.
 """
 from __future__ import annotations
 
@@ -22,30 +27,34 @@ from typing import Callable, Sequence
 import numpy as np
 
 from checks import tolerances
-from checks.diagnosis import Context, constants_from, diagnose, locate, worst_index
-from checks.legs import FiniteDifferences, Oracle, normwise
+from checks.diagnosis import Context, constants_from, diagnose, locate
+from checks.legs import FiniteDifferences, Measured, Oracle, normwise
 from checks.report import Report, TensorResult, format_table, reports_to_json  # noqa: F401
+from checks.rounding import Unsupported
+from checks.verdict import BLAMES_ORACLE, Finding, Kind, Note, Verdict
 from kernels.backend import to_numpy
 
 CHECKER_STREAM = 0x6C6162  # mixed into the seed of the checker's random stream
+FALLBACK_SAFETY = 64.0     # normwise fallback when the oracle has no rounding model
 
 
-def verdict(hand_auto_ok, hand_fd_ok, auto_fd_ok, kink=False):
-    """Which leg disagrees, from the three pairwise agreements."""
-    kinked = ": the function is not smooth within the step (a kink?)" if kink else ""
-    if hand_auto_ok and hand_fd_ok and auto_fd_ok:
-        return "ok"
-    if not hand_auto_ok and not hand_fd_ok and auto_fd_ok:
-        return "hand is wrong (autodiff and FD agree)"
-    if not hand_auto_ok and hand_fd_ok and not auto_fd_ok:
-        return "oracle is wrong (hand and FD agree)"
-    if hand_auto_ok and ((not hand_fd_ok and not auto_fd_ok) or kink):
-        return "finite differences unreliable here (hand and autodiff agree)" + kinked
-    if hand_auto_ok:
-        return "hand and autodiff agree, FD is borderline"
-    if kink:
-        return "hand and autodiff disagree and finite differences are unreliable here" + kinked
-    return "all three legs disagree"
+class _Failed(Exception):
+    """A stage could not run: the report says which part and why."""
+
+    def __init__(self, part, message):
+        super().__init__(message)
+        self.part, self.message = part, message
+
+
+def _raised(part, exc):
+    return (f"the {part} raised {type(exc).__name__}: {exc}".strip() + "\n"
+            + traceback.format_exc(limit=-2))
+
+
+def _nonfinite(label, a):
+    a = np.asarray(a, dtype=np.float64)
+    n_nan, n_inf = int(np.isnan(a).sum()), int(np.isinf(a).sum())
+    return f"non-finite values in the {label}: {n_nan} NaN, {n_inf} Inf"
 
 
 def _as_tuple(dinputs, n):
@@ -60,142 +69,473 @@ def _as_tuple(dinputs, n):
     return tuple(dinputs)
 
 
-def _raised(part, exc):
-    return (f"the {part} raised {type(exc).__name__}: {exc}".strip() + "\n"
-            + traceback.format_exc(limit=-2))
+def _like(array, inputs):
+    """dout on the same backend as the inputs (CuPy inputs get a CuPy dout)."""
+    for x in inputs:
+        if type(x).__module__.startswith("cupy"):
+            import cupy
+            return cupy.asarray(array)
+    return array
 
 
-def _nonfinite(label, a):
-    a = np.asarray(a, dtype=np.float64)
-    n_nan, n_inf = int(np.isnan(a).sum()), int(np.isinf(a).sum())
-    return f"non-finite values in the {label}: {n_nan} NaN, {n_inf} Inf"
+def _f64(a):
+    return np.asarray(a).astype(np.float64)
 
 
 def check_layer(forward: Callable, backward: Callable, oracle: Callable, inputs: Sequence,
                 params: dict, *, static: dict | None = None, nondiff: Sequence[int] = (),
                 seed: int = 0, name: str = "layer", input_names: Sequence[str] | None = None,
-                reduction: int | None = None, axes: dict | None = None,
-                sizes: dict | None = None, fd: str = "central") -> Report:
+                axes: dict | None = None, sizes: dict | None = None, fd: str = "central",
+                policy: tolerances.Policy = tolerances.DEFAULT) -> Report:
     """Check a hand forward/backward pair against its JAX oracle and finite differences.
 
     forward(*inputs, params, **static) -> (out, cache); backward(dout, cache) -> (dinputs,
     dparams) with dinputs aligned with inputs (a bare array for a single input, None for
     non-differentiable ones) and dparams a dict with the keys of params; oracle(*inputs,
     params, **static) -> out in jax.numpy.  The hand pair runs in the dtype of the given inputs
-    (NumPy or CuPy); the oracle and the finite differences run in float64 on the host.
-    Integer inputs (token ids, targets) are never differentiated; ``nondiff`` adds more.
+    (NumPy or CuPy; float64, float32, float16 or bfloat16); the oracle and the finite
+    differences run in float64 on the host.  Integer inputs (token ids, targets) are never
+    differentiated; ``nondiff`` adds more.
 
+    name: the layer's name in the report.  input_names: a name per input (default input0, ...).
     axes: tensor name -> axis names, to report the worst element as ``batch 3, head 1, ...``.
     sizes: the layer's named sizes (B, T, H, P ...), to name a wrong scale factor.
-    fd: "central" (u^(1/3) step), "richardson" or "complex" (complex step on the oracle).
+    fd: "central" (u^(1/3) step), "richardson", "complex", or "none" (hand vs autodiff only,
+    for large models: a failure then cannot say which of the two is wrong).
+    policy: the tolerance policy (``checks.tolerances.Policy``), e.g. a registry row's override.
     """
-    static = dict(static or {})
-    axes = dict(axes or {})
-    # The checker's own stream, distinct from a caller's default_rng(seed) that may have drawn
-    # the inputs (dout equal to x would make e.g. RMS-norm's gradient vanish); never the global RNG.
-    rng = np.random.default_rng([seed, CHECKER_STREAM])
-    names = list(input_names) if input_names else [f"input{i}" for i in range(len(inputs))]
-    host_inputs = [np.asarray(to_numpy(x)) for x in inputs]
-    host_params = {k: np.asarray(to_numpy(v)) for k, v in params.items()}
-    floats = [x for x in host_inputs if x.dtype.kind == "f"] + list(host_params.values())
-    dtype = floats[0].dtype if floats else np.dtype(np.float64)
-    diff_idx = [i for i, x in enumerate(host_inputs) if x.dtype.kind == "f" and i not in set(nondiff)]
-    inputs64 = [x.astype(np.float64) if x.dtype.kind == "f" else x for x in host_inputs]
-    params64 = {k: v.astype(np.float64) for k, v in host_params.items()}
-    k = reduction or (1 + max([int(x.size) for x in host_inputs + floats] or [1]))
-    tol = tolerances.grad_tol(dtype, k)
+    return LayerCheck(forward, backward, oracle, inputs, params, static=static, nondiff=nondiff,
+                      seed=seed, name=name, input_names=input_names, axes=axes, sizes=sizes,
+                      fd=fd, policy=policy).run()
 
-    def failed(msg, part, forward_error=math.nan):
-        return Report(name, str(dtype), forward_error, tol, False, [], error=msg, error_in=part)
 
-    try:
-        ref = Oracle(oracle, inputs64, params64, static, diff_idx)
-        out_shape = ref.out_shape()
-    except Exception as exc:
-        return failed(_raised("oracle", exc), "oracle")
-    dout64 = rng.standard_normal(out_shape)
-    k = reduction or (int(np.prod(out_shape)) + k)
-    tol = tolerances.grad_tol(dtype, k)
-    try:
-        out, cache = forward(*inputs, params, **static)
-    except Exception as exc:  # a broken kernel is a failing report, never a crashed suite
-        return failed(_raised("hand forward", exc), "forward")
-    try:
-        dinputs, dparams = backward(_like(dout64.astype(dtype), inputs), cache)
-        dinputs = _as_tuple(dinputs, len(inputs))
-        if not isinstance(dparams, dict):
-            raise TypeError(f"backward returned {type(dparams).__name__} for the parameter "
-                            f"gradients, expected a dict with keys {sorted(params)}")
-    except Exception as exc:
-        return failed(_raised("hand backward", exc), "backward")
-    try:
-        ref_out, auto_in, auto_params = ref.vjp(dout64)
-    except Exception as exc:
-        return failed(_raised("oracle", exc), "oracle")
+class LayerCheck:
+    """One check's stages and everything they computed (see the module docstring)."""
 
-    out = np.asarray(to_numpy(out))
-    if out.shape != ref_out.shape:
-        return failed(f"the hand forward returned shape {out.shape}, the oracle {ref_out.shape}",
-                      "forward")
-    if out.dtype != dtype:
-        return failed(f"the forward returned dtype {out.dtype} for {dtype} inputs", "forward")
-    forward_error = normwise(out.astype(np.float64), ref_out)
-    error, error_in, note, u_eff = "", "", "", tolerances.U64
-    for label, a, part in (("hand forward", out, "forward"), ("oracle", ref_out, "oracle")):
-        if not np.all(np.isfinite(a)):
-            error, error_in = _nonfinite(label, a), part
-    # A forward that quietly computes in float32 gets a note, not a failure: its float64 outputs
-    # are all float32 numbers (no float64 computation gives that by chance, and a small error in
-    # the maths does not), and its error against the oracle is float32's.
-    low = (dtype == np.float64 and tol < forward_error <= tolerances.grad_tol(np.float32, k)
-           and np.array_equal(out, out.astype(np.float32).astype(np.float64)))
-    if low and not error:
-        tol, u_eff = tolerances.grad_tol(np.float32, k), tolerances.unit_roundoff(np.float32)
-        note = (f"the forward computes in lower precision than its float64 inputs (its error "
-                f"against the oracle, {forward_error:.1e}, is float32's): judged at float32 "
-                f"tolerance, finite differences with float32's step")
-    forward_ok = forward_error <= tol and not error
+    def __init__(self, forward, backward, oracle, inputs, params, *, static=None, nondiff=(),
+                 seed=0, name="layer", input_names=None, axes=None, sizes=None, fd="central",
+                 policy=tolerances.DEFAULT):
+        self.forward_fn, self.backward_fn, self.oracle_fn = forward, backward, oracle
+        self.inputs, self.params = list(inputs), params
+        self.static, self.nondiff, self.seed, self.name = dict(static or {}), set(nondiff), seed, name
+        self.input_names, self.axes, self.sizes = input_names, dict(axes or {}), sizes
+        self.fd_scheme, self.policy = fd, policy
+        self.notes, self.forward_error, self.forward_score = [], math.nan, math.nan
+        self.forward_ok, self.judges = False, {}
 
-    fd_leg = FiniteDifferences(forward, inputs64, params64, static, dout64, scheme=fd,
-                               oracle=ref, u=u_eff)
-    results, pairs = [], {}
-    for key in list(diff_idx) + list(params):
-        tname = names[key] if isinstance(key, int) else key
-        x = inputs64[key] if isinstance(key, int) else params64[key]
-        g_auto = auto_in[key] if isinstance(key, int) else auto_params[key]
-        hand = dinputs[key] if isinstance(key, int) else dparams.get(key)
-        result, g_hand = _compare_tensor(tname, key, x, hand, g_auto, dtype, tol, fd_leg, rng)
-        results.append(result)
-        pairs[tname] = (g_hand, g_auto)
-    for key in sorted(set(dparams) - set(params)):
-        results.append(TensorResult(key, (), verdict=f"backward returned a gradient for "
-                                    f"'{key}', which is not a parameter"))
-    for i, name_i in enumerate(names):
-        if host_inputs[i].dtype.kind != "f" and dinputs[i] is not None:
-            results.append(TensorResult(name_i, (), verdict="backward returned a gradient for "
-                                        "a non-differentiable (integer) input; expected None"))
+    # --- stages ----------------------------------------------------------------------------
 
-    ctx = Context(trusted={n: g for n, (_, g) in pairs.items()},
-                  constants=constants_from(sizes, static, [x.shape for x in floats]),
-                  axes=axes,
-                  masks=[(f"the mask '{m}' (its False entries)", ~np.asarray(v))
-                         for m, v in static.items() if getattr(v, "dtype", None) == bool],
-                  ids=[x for x in host_inputs if x.dtype.kind in "iu"],
-                  dout=dout64, slice_vjp=_slice_vjp(ref, dout64),
-                  heads=(sizes or {}).get("H"))
-    for result in results:
-        if result.ok or result.name not in pairs or pairs[result.name][0] is None \
-                or result.hand_vs_autodiff <= tol:  # nothing to explain between hand and oracle
-            continue
-        g_hand, g_auto = pairs[result.name]
-        suspect, trusted = (g_auto, g_hand) if result.verdict.startswith("oracle") else \
-            (g_hand, g_auto)
-        result.diagnosis = diagnose(result.name, suspect, trusted, ctx, tol)
-        result.location = locate(result.worst, result.shape, axes.get(result.name))
-        if not forward_ok:
-            result.note = "moot while the forward disagrees with the oracle"
-    return Report(name, str(dtype), forward_error, tol, bool(forward_ok), results,
-                  error=error, error_in=error_in, note=note)
+    def prepare(self):
+        n = len(self.inputs)
+        self.names = list(self.input_names) if self.input_names else [f"input{i}" for i in range(n)]
+        if len(self.names) != n:
+            raise ValueError(f"input_names: expected {n} names (one per input), got "
+                             f"{len(self.names)}")
+        self.host_inputs = [np.asarray(to_numpy(x)) for x in self.inputs]
+        self.host_params = {k: np.asarray(to_numpy(v)) for k, v in self.params.items()}
+        known = set(self.names) | set(self.host_params)
+        unknown = sorted(set(self.axes) - known)
+        if unknown:
+            raise ValueError(f"axes: no tensor named {', '.join(map(repr, unknown))}; the "
+                             f"tensors are {', '.join(self.names + list(self.host_params))}")
+        floats = [x for x in self.host_inputs if tolerances.is_float(x.dtype)] \
+            + list(self.host_params.values())
+        self.floats = floats
+        self.dtype = floats[0].dtype if floats else np.dtype(np.float64)
+        self.u = tolerances.unit_roundoff(self.dtype)
+        self.diff_idx = [i for i, x in enumerate(self.host_inputs)
+                         if tolerances.is_float(x.dtype) and i not in self.nondiff]
+        self.inputs64 = [_f64(x) if tolerances.is_float(x.dtype) else x for x in self.host_inputs]
+        self.params64 = {k: _f64(v) for k, v in self.host_params.items()}
+        # the checker's own stream, distinct from a caller's default_rng(seed) that may have
+        # drawn the inputs (dout equal to x would make e.g. RMS-norm's gradient vanish)
+        self.rng = np.random.default_rng([self.seed, CHECKER_STREAM])
+
+    def oracle(self):
+        try:
+            self.ref = Oracle(self.oracle_fn, self.inputs64, self.params64, self.static,
+                              self.diff_idx)
+            out_shape = self.ref.out_shape()
+        except Exception as exc:
+            raise _Failed("oracle", _raised("oracle", exc))
+        # dout as the kernel will see it: rounded to the checked dtype, exactly the same numbers
+        self.dout = self.rng.standard_normal(out_shape).astype(self.dtype)
+        self.dout64 = _f64(self.dout)
+        try:
+            self.ref_out, self.auto_in, self.auto_params = self.ref.vjp(self.dout64)
+        except Exception as exc:
+            raise _Failed("oracle", _raised("oracle", exc))
+
+    def hand(self):
+        try:
+            out, cache = self.forward_fn(*self.inputs, self.params, **self.static)
+        except Exception as exc:  # a broken kernel is a failing report, never a crashed suite
+            raise _Failed("forward", _raised("hand forward", exc))
+        try:
+            dinputs, dparams = self.backward_fn(_like(self.dout, self.inputs), cache)
+            dinputs = _as_tuple(dinputs, len(self.inputs))
+            if not isinstance(dparams, dict):
+                raise TypeError(f"backward returned {type(dparams).__name__} for the parameter "
+                                f"gradients, expected a dict with keys {sorted(self.params)}")
+        except Exception as exc:
+            raise _Failed("backward", _raised("hand backward", exc))
+        self.out, self.dinputs, self.dparams = np.asarray(to_numpy(out)), dinputs, dparams
+
+    def compare_forward(self):
+        out = self.out
+        if out.shape != self.ref_out.shape:
+            raise _Failed("forward", f"the hand forward returned shape {out.shape}, the oracle "
+                                     f"{self.ref_out.shape}")
+        if not tolerances.is_float(out.dtype):
+            raise _Failed("forward", f"the forward returned dtype {out.dtype} for {self.dtype} "
+                                     f"inputs")
+        if out.dtype.itemsize < self.dtype.itemsize:
+            raise _Failed("forward", f"the forward returned dtype {out.dtype} for {self.dtype} "
+                                     f"inputs (a lower precision than its inputs)")
+        if out.dtype != self.dtype:
+            self.notes.append(Note(Finding.PROMOTES, (("dtype", str(self.dtype)),
+                                                      ("got", str(out.dtype)))))
+        for label, a, part in (("hand forward", out, "forward"), ("oracle", self.ref_out, "oracle")):
+            if not np.all(np.isfinite(_f64(a))):
+                raise _Failed(part, _nonfinite(label, a))
+        self.forward_error = normwise(_f64(out), self.ref_out)
+
+    def rounding(self):
+        """Element-wise tolerances of the output and of every trusted gradient."""
+        self.u_forward = self.u_backward = self.policy.u(self.dtype)
+        self.u_inputs = 0.0  # the kernel receives its inputs exactly
+        self.fd_u = tolerances.U64  # finite differences run the hand forward in float64
+        try:
+            self.spread_out, self.spread_in, self.spread_params = self.ref.spread(self.dout64,
+                                                                                  self.seed)
+        except Unsupported as exc:
+            self.spread_out = None
+            self.notes.append(Note(Finding.NO_ROUNDING_MODEL, (("why", str(exc).splitlines()[0]),)))
+        self.forward_tol = self._tol(self.spread_out, self.ref_out)
+        out = _f64(self.out)
+        score = _score(out, self.ref_out, self.forward_tol)
+        low = self._low_precision()
+        if score > 1 and low is not None and not _systematic(out - self.ref_out, self.ref_out):
+            # a forward computing in lower precision: judged at that precision's roundoff for
+            # the forward part and the inputs it rounds, never for the backward part
+            u_low = self.policy.u(low)
+            tol_low = self._tol(self.spread_out, self.ref_out, u_forward=u_low,
+                                u_inputs=u_low[0])
+            if _score(out, self.ref_out, tol_low) <= 1:
+                self.notes.append(Note(Finding.LOW_PRECISION_FORWARD,
+                                       (("dtype", str(self.dtype)), ("low", low.name),
+                                        ("ratio", score))))
+                self.u_forward, self.u_inputs, self.forward_tol = u_low, u_low[0], tol_low
+                self.fd_u = u_low[0]  # ... which then rounds to the lower precision
+                score = _score(out, self.ref_out, tol_low)
+        self.forward_score = score
+        self.forward_ok = score <= 1
+
+    def _low_precision(self):
+        """The lower precision a kernel of this dtype may be recognised in, or None."""
+        low = np.dtype(self.policy.LOW_PRECISION)
+        if self.spread_out is None or self.u >= tolerances.unit_roundoff(low):
+            return None
+        return low
+
+    def _tol(self, spread, reference, u_forward=None, u_inputs=None):
+        """tol_i of one tensor from its spread; a normwise fallback without a rounding model."""
+        if spread is None:
+            k = 1 + int(self.ref_out.size) + max([int(x.size) for x in self.floats] or [1])
+            scale = float(np.max(np.abs(reference))) if reference.size else 0.0
+            return np.full(np.shape(reference), FALLBACK_SAFETY * math.sqrt(k) * self.u * scale
+                           + float(tolerances.finfo(self.dtype).tiny))
+        s = spread.at(u_forward or self.u_forward, self.u_backward,
+                      self.u_inputs if u_inputs is None else u_inputs)
+        return self.policy.elementwise(s, reference, self.dtype)
+
+    def legs(self):
+        self.fd = FiniteDifferences(self.forward_fn, self.inputs64, self.params64, self.static,
+                                    self.dout64, scheme=self.fd_scheme, oracle=self.ref,
+                                    u=self.fd_u, policy=self.policy)
+        if self.fd.on_oracle:
+            self.notes.append(Note(Finding.COMPLEX_STEP_ON_ORACLE))
+        if self.fd.skipped:
+            self.notes.append(Note(Finding.NO_FINITE_DIFFERENCES))
+        self.results = []
+        for key in list(self.diff_idx) + list(self.params):
+            tname = self.names[key] if isinstance(key, int) else key
+            x = self.inputs64[key] if isinstance(key, int) else self.params64[key]
+            g_auto = self.auto_in[key] if isinstance(key, int) else self.auto_params[key]
+            spread = self._spread_of(key)
+            hand = self.dinputs[key] if isinstance(key, int) else self.dparams.get(key)
+            judge = Judge(tname, key, x, g_auto, self._tol(spread, g_auto), self.dtype,
+                          self.fd, self.rng, self.policy)
+            self.judges[tname] = judge
+            self.results.append(judge.judge(hand))
+        self._recognise_low_precision_backward()
+        for key in sorted(set(self.dparams) - set(self.params)):
+            self.results.append(TensorResult(key, (), verdict=Verdict(
+                Kind.EXTRA_GRADIENT, f"'{key}' is not a parameter")))
+        for i, name_i in enumerate(self.names):
+            if not tolerances.is_float(self.host_inputs[i].dtype) and self.dinputs[i] is not None:
+                self.results.append(TensorResult(name_i, (), verdict=Verdict(
+                    Kind.EXTRA_GRADIENT, "an integer input; expected None")))
+
+    def _recognise_low_precision_backward(self):
+        """The whole backward rounding to a lower precision: every gradient off by more than
+        this dtype's rounding model allows (with exact inputs), none off systematically (a
+        scaled copy of its gradient is a bug, not rounding), all within the lower precision's
+        tolerances: a finding, and judged there.  A single wrong tensor beside exact ones is a
+        bug, whatever its size."""
+        low = self._low_precision()
+        judges = list(self.judges.values())
+        if low is None or not judges or any(j.last_hand is None for j in judges) \
+                or all(r.ok for r in self.results[:len(judges)]):
+            return
+        spreads = {j.name: self._spread_of(j.key) for j in judges}
+        exact_inputs = [self._tol(spreads[j.name], j.g_auto, u_inputs=0.0) for j in judges]
+        if any(_score(j.last_hand, j.g_auto, t) <= 1 for j, t in zip(judges, exact_inputs)) \
+                or any(_systematic(j.last_hand - j.g_auto, j.g_auto, shifts=False)
+                       for j in judges if j.g_auto.size >= 8):
+            return
+        u_low, u_dtype = self.policy.u(low), self.u_backward
+        self.u_backward = u_low
+        u_in = max(self.u_inputs, u_low[0])
+        tols = [self._tol(spreads[j.name], j.g_auto, u_inputs=u_in) for j in judges]
+        if any(_score(j.last_hand, j.g_auto, t) > 1 for j, t in zip(judges, tols)):
+            self.u_backward = u_dtype
+            return
+        self.notes.append(Note(Finding.LOW_PRECISION_BACKWARD, (("dtype", str(self.dtype)),
+                                                                ("low", low.name))))
+        self.u_inputs = u_in
+        for i, (j, t) in enumerate(zip(judges, tols)):
+            j.tol = t
+            self.results[i] = j.judge(self.dinputs[j.key] if isinstance(j.key, int)
+                                      else self.dparams.get(j.key))
+
+    def _fit_tol(self, result):
+        """The scalar tolerance a bug pattern is fitted within: the tensor's own, or, where the
+        forward rounds to a lower precision, that precision's (the backward then consumes
+        values rounded there, so a pattern holds only to that precision)."""
+        if self.u_forward == self.policy.u(self.dtype):
+            return result.tol
+        judge = self.judges[result.name]
+        tol = self._tol(self._spread_of(judge.key), judge.g_auto, u_inputs=self.u_forward[0])
+        scale = float(np.max(np.abs(judge.g_auto))) if judge.g_auto.size else 0.0
+        low = self.u_forward[0] / tolerances.unit_roundoff(self.dtype)
+        return max(result.tol, low * float(np.max(tol)) / scale if scale else math.inf)
+
+    def _spread_of(self, key):
+        if self.spread_out is None:
+            return None
+        return self.spread_in[key] if isinstance(key, int) else self.spread_params[key]
+
+    def diagnose(self):
+        pairs = {j.name: (j.last_hand, j.g_auto) for j in self.judges.values()}
+        ctx = Context(trusted={n: g for n, (_, g) in pairs.items()},
+                      constants=constants_from(self.sizes, self.static,
+                                               [x.shape for x in self.floats]),
+                      axes=self.axes,
+                      masks=[(f"the mask '{m}' (its False entries)", ~np.asarray(v))
+                             for m, v in self.static.items()
+                             if getattr(v, "dtype", None) == bool],
+                      ids=[x for x in self.host_inputs if x.dtype.kind in "iu"],
+                      dout=self.dout64, slice_vjp=_slice_vjp(self.ref, self.dout64),
+                      heads=(self.sizes or {}).get("H"))
+        for result in self.results:
+            if result.ok or result.name not in pairs or pairs[result.name][0] is None \
+                    or result.score <= 1:  # nothing to explain between hand and oracle
+                continue
+            g_hand, g_auto = pairs[result.name]
+            suspect, trusted = (g_auto, g_hand) if result.verdict.kind in BLAMES_ORACLE else \
+                (g_hand, g_auto)
+            result.diagnosis = diagnose(result.name, suspect, trusted, ctx,
+                                        self._fit_tol(result))
+            result.location = locate(result.worst, result.shape, self.axes.get(result.name))
+            if not self.forward_ok:
+                result.note = "moot while the forward disagrees with the oracle"
+
+    # --- the pipeline ----------------------------------------------------------------------
+
+    def run(self) -> Report:
+        self.prepare()
+        try:
+            self.oracle()
+            self.hand()
+            self.compare_forward()
+            self.rounding()
+        except _Failed as failed:
+            return Report(self.name, str(self.dtype), self.forward_error, math.nan, False, [],
+                          error=failed.message, error_in=failed.part, notes=self.notes)
+        self.legs()
+        self.diagnose()
+        return self.report()
+
+    def report(self, results=None) -> Report:
+        return Report(self.name, str(self.dtype), self.forward_error, self.forward_score,
+                      bool(self.forward_ok), list(results if results is not None
+                                                  else self.results), notes=self.notes)
+
+
+def _systematic(e, ref, shifts=True):
+    """Is the error e a bug's pattern rather than rounding?  Rounding errors are independent
+    from element to element; a scaled copy of the reference (c ref) or, with shifts, a constant
+    offset along the last axis (a bias) that explains 90 % of |e|^2 is systematic.  Too few
+    elements to tell count as systematic (nothing is excused on no evidence)."""
+    if e.size < 8:
+        return True
+    columns = [ref.reshape(-1)]
+    n = ref.shape[-1] if ref.ndim else 1
+    if shifts and ref.ndim >= 2 and ref.size >= 4 * n:
+        columns += list(np.broadcast_to(np.eye(n), ref.shape + (n,)).reshape(-1, n).T)
+    A, e = np.stack(columns, axis=1), e.reshape(-1)
+    ee = float(e @ e)
+    if ee == 0.0:
+        return False
+    r = e - A @ np.linalg.lstsq(A, e, rcond=None)[0]
+    return float(r @ r) <= 0.1 * ee
+
+
+def _score(a, ref, tol):
+    """max_i |a_i - ref_i| / tol_i: at most 1 passes."""
+    if a.size == 0:
+        return 0.0
+    if not (np.all(np.isfinite(a)) and np.all(np.isfinite(ref))):
+        return math.inf
+    return float(np.max(np.abs(a - ref) / tol))
+
+
+class Judge:
+    """The trusted legs of one tensor, ready to rule on any hand gradient of it."""
+
+    def __init__(self, name, key, x, g_auto, tol, dtype, fd, rng, policy):
+        self.name, self.key, self.x, self.g_auto, self.tol = name, key, x, g_auto, tol
+        self.dtype, self.fd, self.policy = dtype, fd, policy
+        self.measured: Measured | None = None
+        self.rng = rng
+        self.last_hand = None
+        self._kinked = None
+
+    def _measure(self):
+        if self.measured is None:
+            self.measured = self.fd.measure(self.key, self.x, self.rng)
+        return self.measured
+
+    def judge(self, hand) -> TensorResult:
+        """The verdict on a hand gradient of this tensor (None: the backward returned none)."""
+        g = self.g_auto
+        result = TensorResult(self.name, tuple(np.shape(self.x)))
+        scale = float(np.max(np.abs(g))) if g.size else 0.0
+        result.tol = float(np.max(self.tol)) / scale if scale > 0 else math.inf
+        self.last_hand = None
+        if hand is None:
+            result.verdict = Verdict(Kind.NO_GRADIENT)
+            return result
+        hand = np.asarray(to_numpy(hand))
+        if not tolerances.is_float(hand.dtype):
+            result.verdict = Verdict(Kind.NOT_FLOAT, f"dtype {hand.dtype}")
+            return result
+        if hand.shape != result.shape:
+            result.verdict = Verdict(Kind.MISSHAPEN, f"{hand.shape}, expected {result.shape}")
+            result.diagnosis = diagnose(self.name, _f64(hand), g,
+                                        Context({}, [], {}, [], [], np.zeros(0), None),
+                                        result.tol)
+            return result
+        if hand.dtype != self.dtype:
+            result.note = str(Note(Finding.PROMOTES, (("dtype", str(self.dtype)),
+                                                      ("got", str(hand.dtype)))))
+        h = _f64(hand)
+        self.last_hand = h
+        finite_h, finite_g = bool(np.all(np.isfinite(h))), bool(np.all(np.isfinite(g)))
+        if not (finite_h and finite_g):
+            legs = [leg for leg, ok in (("hand", finite_h), ("autodiff", finite_g)) if not ok]
+            result.verdict = Verdict(Kind.NON_FINITE, "in the " + " and ".join(legs) + " leg")
+            return result
+        result.hand_vs_autodiff = normwise(h, g)
+        result.score = _score(h, g, self.tol)
+        if h.size:
+            result.max_abs = float(np.max(np.abs(h - g)))
+            ratio = np.abs(h - g) / self.tol
+            result.worst = tuple(int(i) for i in np.unravel_index(int(ratio.argmax()), g.shape))
+        try:
+            m = self._measure()
+        except Exception as exc:  # the forward raised at a perturbed point
+            result.verdict = Verdict(Kind.RAISED, _raised("hand forward, at a finite-difference "
+                                                          "point,", exc))
+            return result
+        hand_fd, auto_fd, tol_fd, hand_fd_ok, auto_fd_ok = _against_fd(h, g, self.tol, m)
+        result.hand_vs_fd, result.autodiff_vs_fd, result.tol_fd = hand_fd, auto_fd, tol_fd
+        if not (math.isfinite(hand_fd) and math.isfinite(auto_fd)):
+            result.verdict = Verdict(Kind.NON_FINITE, "in the finite differences")
+            return result
+        hand_auto_ok = result.score <= 1
+        kink = False
+        if not auto_fd_ok:
+            if self._kinked is None:
+                self._kinked = self.fd.kinked(self.key, self.x, m, g, tol_fd)
+            kink = self._kinked
+        result.verdict = _verdict(hand_auto_ok, hand_fd_ok, auto_fd_ok, kink,
+                                  self.fd.on_oracle or self.fd.skipped)
+        if result.verdict.kind is Kind.FD_SET_ASIDE:
+            result.note = str(result.verdict)
+        result.ok = result.verdict.ok
+        return result
+
+
+def _against_fd(h, g, tol, m: Measured):
+    """(hand vs FD, autodiff vs FD, FD tolerance, hand agrees, autodiff agrees): errors relative
+    to |g| |v| along directions and to max |g| element-wise.  The hand leg may differ from FD by
+    FD's error plus its own rounding (sum |v_i| tol_i)."""
+    hand_err = auto_err = worst_tol = 0.0
+    hand_ok = auto_ok = True
+    norm_g = float(np.linalg.norm(g))
+    for v, d, tol_of in zip(m.directions, m.values, m.tols):
+        scale = norm_g * float(np.linalg.norm(v))
+        t = tol_of(scale)
+        own = float(np.sum(np.abs(v) * tol))
+        eh, ea = abs(float(np.sum(h * v)) - d), abs(float(np.sum(g * v)) - d)
+        hand_ok &= eh <= t * scale + own
+        auto_ok &= ea <= t * scale
+        hand_err, auto_err = max(hand_err, _rel(eh, scale)), max(auto_err, _rel(ea, scale))
+        worst_tol = max(worst_tol, t)
+    if m.elements is not None:
+        scale = float(np.max(np.abs(g))) if g.size else 0.0
+        t = np.array([tol_of(scale) for tol_of in m.element_tols]).reshape(g.shape)
+        eh, ea = np.abs(h - m.elements), np.abs(g - m.elements)
+        if not (np.all(np.isfinite(eh)) and np.all(np.isfinite(ea))):
+            return math.inf, math.inf, worst_tol, False, False
+        hand_ok &= bool(np.all(eh <= t * scale + tol))
+        auto_ok &= bool(np.all(ea <= t * scale))
+        hand_err = max(hand_err, _rel(float(eh.max()), scale))
+        auto_err = max(auto_err, _rel(float(ea.max()), scale))
+        worst_tol = max(worst_tol, float(t.max()))
+    return hand_err, auto_err, worst_tol, bool(hand_ok), bool(auto_ok)
+
+
+def _rel(err, scale):
+    if not math.isfinite(err):
+        return math.inf
+    if scale == 0.0:
+        return 0.0 if err == 0.0 else math.inf
+    return err / scale
+
+
+def _verdict(hand_auto_ok, hand_fd_ok, auto_fd_ok, kink, fd_on_oracle) -> Verdict:
+    """Which leg disagrees, from the three pairwise agreements."""
+    kinked = "the function is not smooth within the step (a kink?)" if kink else ""
+    if fd_on_oracle:  # the complex step checked the oracle against itself: no triage
+        if hand_auto_ok:
+            return Verdict(Kind.OK if auto_fd_ok else Kind.FD_DISAGREES)
+        return Verdict(Kind.NO_TRIAGE)
+    if hand_auto_ok and hand_fd_ok and auto_fd_ok:
+        return Verdict(Kind.OK)
+    if not hand_auto_ok and auto_fd_ok:  # FD confirms autodiff within FD's own tolerance
+        return Verdict(Kind.HAND_WRONG)
+    if not hand_auto_ok and hand_fd_ok:
+        return Verdict(Kind.ORACLE_WRONG)
+    if hand_auto_ok:
+        if kink:
+            return Verdict(Kind.FD_SET_ASIDE, kinked)
+        return Verdict(Kind.FD_BORDERLINE if auto_fd_ok or hand_fd_ok else Kind.FD_DISAGREES)
+    if kink:
+        return Verdict(Kind.UNRESOLVED, kinked)
+    return Verdict(Kind.ALL_DISAGREE)
 
 
 def _slice_vjp(ref, dout64):
@@ -211,56 +551,3 @@ def _slice_vjp(ref, dout64):
             _, _, memo[(axis, index)] = ref.vjp(d)
         return memo[(axis, index)]
     return grads
-
-
-def _like(array, inputs):
-    """dout on the same backend as the inputs (CuPy inputs get a CuPy dout)."""
-    for x in inputs:
-        if type(x).__module__.startswith("cupy"):
-            import cupy
-            return cupy.asarray(array)
-    return array
-
-
-def _compare_tensor(tname, key, x, hand, g_auto, dtype, tol, fd, rng):
-    """(result, hand gradient in float64 or None when it cannot be compared)."""
-    result = TensorResult(tname, tuple(np.shape(x)), tol=tol)
-    if hand is None:
-        result.verdict = "backward returned no gradient for this tensor"
-        return result, None
-    hand = np.asarray(to_numpy(hand))
-    if hand.shape != result.shape:
-        result.verdict = f"hand gradient has shape {hand.shape}, expected {result.shape}"
-        if hand.dtype.kind == "f":
-            result.diagnosis = diagnose(tname, hand.astype(np.float64), g_auto,
-                                        Context({}, [], {}, [], [], np.zeros(0), None), tol)
-        return result, None
-    if hand.dtype != dtype:
-        result.verdict = f"hand gradient has dtype {hand.dtype}, expected {dtype}"
-        return result, None
-    g_hand = hand.astype(np.float64)
-    result.hand_vs_autodiff = normwise(g_hand, g_auto)
-    if np.all(np.isfinite(g_hand)) and np.all(np.isfinite(g_auto)) and g_hand.size:
-        result.max_abs = float(np.max(np.abs(g_hand - g_auto)))
-        result.worst = worst_index(g_hand, g_auto)
-    try:
-        result.hand_vs_fd, result.autodiff_vs_fd, result.tol_fd = fd.compare(
-            key, x, g_hand, g_auto, rng)
-    except Exception as exc:  # the forward raised at a perturbed point
-        result.verdict = _raised("hand forward, at a finite-difference point,", exc)
-        return result, g_hand
-    legs = [leg for leg, g in (("hand", g_hand), ("autodiff", g_auto)) if not np.all(np.isfinite(g))]
-    if legs or not (math.isfinite(result.hand_vs_fd) and math.isfinite(result.autodiff_vs_fd)):
-        result.verdict = "non-finite values in the " + (" and ".join(legs) + " leg" if legs
-                                                         else "finite differences")
-        return result, g_hand
-    fd_tol = max(result.tol_fd, tol)  # a float32 hand leg cannot agree with FD better than tol
-    agree = (result.hand_vs_autodiff <= tol, result.hand_vs_fd <= fd_tol,
-             result.autodiff_vs_fd <= result.tol_fd)
-    kink = not agree[2] and fd.kinked(key, x, g_auto, result.tol_fd)  # explains FD's miss
-    result.verdict = verdict(*agree, kink)
-    if result.verdict.startswith("finite differences unreliable") and kink:
-        result.ok, result.note = True, result.verdict  # explained: hand and autodiff agree
-    else:
-        result.ok = result.verdict == "ok"
-    return result, g_hand

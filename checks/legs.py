@@ -3,27 +3,29 @@
 Both differentiate L(x) = <f(x), dout> for a random upstream gradient ``dout``.
 
 * autodiff: ``jax.vjp`` of the oracle in float64, compiled once per (oracle, static arguments,
-  shapes) with ``jax.jit`` (a new shape costs ~0.8 s instead of ~3 s op by op); an oracle that
-  cannot be traced (NumPy calls on its arguments) runs eagerly instead.
-* finite differences of the hand forward, in float64: central differences with the u^(1/3) step
-  (default), Richardson extrapolation of two central differences (option), or the complex step
-  on the oracle (option, analytic layers only: the kernels accept real floats by contract).
+  shapes) with ``jax.jit``; an oracle that cannot be traced (NumPy calls on its arguments) runs
+  eagerly instead, and then has no rounding model (``checks.rounding`` needs its program).
+* finite differences in float64: central differences of the hand forward with the u^(1/3) step
+  (default), Richardson extrapolation of two of them, or the complex step — on the hand forward
+  when it takes complex inputs, otherwise on the oracle, where it is only an oracle self-check.
 """
 from __future__ import annotations
 
 import functools
 import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from checks import tolerances
+from checks.rounding import RoundingModel, Unsupported
 from kernels.backend import to_numpy
 
 FD_ELEMENTWISE_MAX = 256  # tensors up to this many elements also get an element-wise check
 FD_DIRECTIONS = 3         # random directions per tensor, always
-FD_SCHEMES = ("central", "richardson", "complex")
+FD_SCHEMES = ("central", "richardson", "complex", "none")
 KINK_FACTOR = 10          # a kink: second differences off by 10 x the FD tolerance
 
 
@@ -37,19 +39,23 @@ def _split_static(static):
     return rest, arrays
 
 
-def _runs(call):
-    """(vjp_run, loss_run, out_run) around call(diff_values, others, params, arrays) -> out."""
-    def vjp_run(diff_values, others, params, arrays, dout):
+def _program(call):
+    """(out, (d_inputs, d_params)) of call(diff_values, others, params, arrays) for dout."""
+    def program(diff_values, others, params, arrays, dout):
         out, vjp = jax.vjp(lambda d, p: call(d, others, p, arrays), diff_values, params)
         return out, vjp(dout.astype(out.dtype))
+    return program
 
+
+def _runs(call):
+    """(vjp_run, loss_run, out_run), all taking (diff_values, others, params, arrays, dout)."""
     def loss_run(diff_values, others, params, arrays, dout):
         return jnp.sum(call(diff_values, others, params, arrays) * dout)
 
     def out_run(diff_values, others, params, arrays, dout):
         return call(diff_values, others, params, arrays)
 
-    return vjp_run, loss_run, out_run
+    return _program(call), loss_run, out_run
 
 
 def _caller(oracle, diff_idx, static):
@@ -63,33 +69,44 @@ def _caller(oracle, diff_idx, static):
 
 @functools.lru_cache(maxsize=512)
 def _oracle_functions(oracle, diff_idx, static_items):
-    """Jitted and eager (vjp_run, loss_run, out_run); all take (diff_values, others, params,
-    arrays, dout).  Cached, so a second check of the same oracle at the same shapes compiles nothing."""
+    """Jitted and eager (vjp_run, loss_run, out_run).  Cached, so a second check of the same
+    oracle at the same shapes compiles nothing."""
     runs = _runs(_caller(oracle, diff_idx, dict(static_items)))
     return tuple(jax.jit(f) for f in runs), runs
 
 
+_ROUNDING_MODELS = {}  # (oracle, diff_idx, static, shapes) -> RoundingModel
+
+
 class Oracle:
-    """The oracle of one check, at fixed inputs: its forward, VJPs and complex-step values."""
+    """The oracle of one check, at fixed inputs: its forward, VJPs, rounding model, complex step."""
 
     def __init__(self, oracle, inputs64, params64, static, diff_idx):
-        self.diff_idx = tuple(diff_idx)
+        self.oracle, self.diff_idx = oracle, tuple(diff_idx)
         self.inputs = list(inputs64)
         self.others = tuple(None if i in self.diff_idx else jnp.asarray(x)
                             for i, x in enumerate(inputs64))
         self.params = {k: jnp.asarray(v) for k, v in params64.items()}
+        self.static_items = None
         try:
-            static_items, self.arrays = _split_static(static)
-            self._fns = list(_oracle_functions(oracle, self.diff_idx, static_items))
+            self.static_items, self.arrays = _split_static(static)
+            self._fns = list(_oracle_functions(oracle, self.diff_idx, self.static_items))
         except TypeError:  # an unhashable static argument: op by op only
             self.arrays = {}
             self._fns = [_runs(_caller(oracle, self.diff_idx, static))]
 
-    def _run(self, which, diff_values, params, dout, transform=lambda f: f):
+    @property
+    def traceable(self) -> bool:
+        return len(self._fns) > 1
+
+    def _diff_values(self):
+        return [jnp.asarray(self.inputs[i]) for i in self.diff_idx]
+
+    def _run(self, which, diff_values, params, dout):
         error = None
         for fns in list(self._fns):
             try:
-                return transform(fns[which])(diff_values, self.others, params, self.arrays, dout)
+                return fns[which](diff_values, self.others, params, self.arrays, dout)
             except Exception as exc:  # not traceable under jit: fall back to eager, once
                 error = exc
                 if len(self._fns) > 1:
@@ -97,18 +114,43 @@ class Oracle:
         raise error
 
     def out_shape(self):
-        """The shape of the oracle's output, from a (cached) trace: nothing is computed."""
-        diff_values = [jnp.asarray(self.inputs[i]) for i in self.diff_idx]
-        out = self._run(2, diff_values, self.params, None,
-                        transform=lambda f: lambda *a: jax.eval_shape(f, *a))
-        return tuple(out.shape)
+        """The shape of the oracle's output: from a cached trace, or an eager run when the
+        oracle cannot be traced."""
+        if self.traceable:
+            try:
+                fn = self._fns[0][2]
+                return tuple(jax.eval_shape(fn, self._diff_values(), self.others, self.params,
+                                            self.arrays, None).shape)
+            except Exception:
+                self._fns.pop(0)
+        return tuple(np.shape(self._run(2, self._diff_values(), self.params, None)))
 
     def vjp(self, dout):
         """(out, {input index: gradient}, {param: gradient}) for the upstream gradient dout."""
-        diff_values = [jnp.asarray(self.inputs[i]) for i in self.diff_idx]
-        out, (d_in, d_params) = self._run(0, diff_values, self.params, jnp.asarray(dout))
+        out, (d_in, d_params) = self._run(0, self._diff_values(), self.params, jnp.asarray(dout))
         return (np.asarray(out), {i: np.asarray(g) for i, g in zip(self.diff_idx, d_in)},
                 {k: np.asarray(v) for k, v in d_params.items()})
+
+    def spread(self, dout, seed=0):
+        """The rounding model's spreads: (output Spread, {index: Spread}, {param: Spread}).
+        Raises Unsupported when the oracle cannot be traced."""
+        if not self.traceable:
+            raise Unsupported("the oracle runs eagerly only (NumPy calls on its arguments)")
+        args = (self._diff_values(), self.others, self.params, self.arrays, jnp.asarray(dout))
+        shapes = tuple((tuple(np.shape(x)), str(np.asarray(x).dtype))
+                       for x in jax.tree_util.tree_leaves(args))
+        key = (self.oracle, self.diff_idx, self.static_items, shapes)
+        try:
+            model = _ROUNDING_MODELS.get(key)
+            if model is None:
+                program = _program(_caller(self.oracle, self.diff_idx, dict(self.static_items)))
+                model = _ROUNDING_MODELS[key] = RoundingModel(program, args, dout_index=4)
+            out, (d_in, d_params) = model.spread(args, seed)
+        except Unsupported:
+            raise
+        except Exception as exc:  # a trace the model cannot follow
+            raise Unsupported(f"{type(exc).__name__}: {exc}") from exc
+        return out, dict(zip(self.diff_idx, d_in)), dict(d_params)
 
     def loss(self, key, replacement, dout):
         """<oracle(...), dout> with one tensor replaced (complex values allowed)."""
@@ -122,36 +164,67 @@ class Oracle:
 
 # --- finite differences --------------------------------------------------------------------
 
+class Measured(NamedTuple):
+    """Finite-difference derivatives of one tensor: along random directions, and element-wise."""
+    directions: list       # unit-rms directions v
+    values: list           # D_v L
+    tols: list             # tolerance of each, as a function of scale
+    elements: np.ndarray | None  # element-wise derivatives (small tensors), else None
+    element_tols: list     # their tolerances, functions of scale
+
+
 class FiniteDifferences:
     """Numerical derivatives of L(x) = <forward(x), dout>, one tensor at a time.
 
     ``u`` is the unit roundoff the forward effectively computes in (float64's, unless the
-    forward was found to round to a lower precision internally); steps and tolerances follow it.
+    forward was recognised as computing in a lower precision); steps and tolerances follow it.
+    The complex step runs on the hand forward when it takes complex inputs, otherwise on the
+    oracle (``on_oracle`` is then True: a self-check of the oracle, not an independent leg).
     """
 
     def __init__(self, forward, inputs, params, static, dout64, *, scheme="central",
-                 oracle: Oracle | None = None, u=tolerances.U64):
+                 oracle: Oracle | None = None, u=tolerances.U64, policy=tolerances.DEFAULT):
         if scheme not in FD_SCHEMES:
             raise ValueError(f"fd: expected one of {FD_SCHEMES}, got {scheme!r}")
         if scheme == "complex" and oracle is None:
             raise ValueError("fd='complex' needs the oracle")
         self.forward, self.static, self.dout = forward, static, dout64
         self.inputs, self.params = list(inputs), dict(params)
-        self.scheme, self.oracle, self.u = scheme, oracle, u
-        self.directions = {}  # key -> the random directions compare() used
+        self.scheme, self.oracle, self.u, self.policy = scheme, oracle, u, policy
+        self.on_oracle = scheme == "complex" and not self._hand_takes_complex()
+        self.skipped = scheme == "none"  # autodiff only (large models): no triage
 
-    def value(self, key, replacement):
-        """(L, sum |f * dout|) of the hand forward with one tensor replaced."""
+    def _hand_takes_complex(self):
+        try:
+            key = next(iter(self.params), None)
+            key = key if key is not None else next(i for i, x in enumerate(self.inputs)
+                                                   if x.dtype.kind == "f")
+            x = self.inputs[key] if isinstance(key, int) else self.params[key]
+            value = self._value(key, x + 1e-20j * np.ones_like(x), complex_ok=True)
+            return isinstance(value, complex) and value.imag != 0.0
+        except Exception:
+            return False
+
+    def _value(self, key, replacement, complex_ok=False):
         inputs, params = list(self.inputs), dict(self.params)
         original = inputs[key] if isinstance(key, int) else params[key]
-        replacement = np.asarray(replacement).astype(original.dtype)
+        replacement = np.asarray(replacement)
+        if not complex_ok:
+            replacement = replacement.astype(original.dtype)
         if isinstance(key, int):
             inputs[key] = replacement
         else:
             params[key] = replacement
         out, _ = self.forward(*inputs, params, **self.static)
-        prod = np.asarray(to_numpy(out), dtype=np.float64) * self.dout
+        out = np.asarray(to_numpy(out))
+        if complex_ok:
+            return complex(np.sum(out.astype(np.complex128) * self.dout))
+        prod = out.astype(np.float64) * self.dout
         return float(np.sum(prod)), float(np.sum(np.abs(prod)))
+
+    def value(self, key, replacement):
+        """(L, sum |f * dout|) of the hand forward with one tensor replaced."""
+        return self._value(key, replacement)
 
     def central(self, key, x, v, h):
         """(L(x + h v) - L(x - h v)) / 2h and the largest sum |f * dout| seen."""
@@ -163,63 +236,60 @@ class FiniteDifferences:
         return (lp - l0) / h, max(ap, a0)
 
     def complex_step(self, key, x, v, h):
-        """Im L(x + i h v) / h on the oracle: no subtraction, so no cancellation."""
-        return self.oracle.loss(key, x + 1j * h * v, self.dout).imag / h, 0.0
+        """Im L(x + i h v) / h: no subtraction, so no cancellation."""
+        if self.on_oracle:
+            return self.oracle.loss(key, x + 1j * h * v, self.dout).imag / h, 0.0
+        return self._value(key, x + 1j * h * v, complex_ok=True).imag / h, 0.0
 
     def derivative(self, key, x, v, size):
         """Directional derivative along v by the chosen scheme: (value, tolerance of scale)."""
+        p = self.policy
         if self.scheme == "complex":
             h = 1e-20 * size
             d, _ = self.complex_step(key, x, v, h)
-            return d, (lambda scale: tolerances.complex_step_tol())
+            return d, (lambda scale: p.complex_step_tol())
         if self.scheme == "richardson":
             h = tolerances.richardson_step(size, self.u)
             d1, a1 = self.central(key, x, v, h)
             d2, a2 = self.central(key, x, v, 2 * h)
             rounding = max(a1, a2)
-            return ((4 * d1 - d2) / 3,
-                    lambda scale: tolerances.richardson_tol(rounding, h, scale, self.u))
+            return ((4 * d1 - d2) / 3, lambda scale: p.richardson_tol(rounding, h, scale, self.u))
         h = tolerances.fd_step(size, self.u)
         d1, a1 = self.central(key, x, v, h)
-        return d1, (lambda scale: tolerances.fd_tol(a1, h, scale, self.u))
+        return d1, (lambda scale: p.fd_tol(a1, h, scale, self.u))
 
-    def compare(self, key, x, g_hand, g_auto, rng):
-        """Relative errors (hand vs FD, autodiff vs FD) and the FD tolerance for tensor x."""
+    def measure(self, key, x, rng) -> Measured:
+        """FD derivatives of tensor x along FD_DIRECTIONS random directions, and element by
+        element when x has at most FD_ELEMENTWISE_MAX elements."""
         size = float(np.sqrt(np.mean(x * x))) if x.size else 1.0
-        worst_h = worst_a = worst_tol = 0.0
-        self.directions[key] = []
+        directions, values, tols = [], [], []
+        if self.skipped:
+            return Measured([], [], [], None, [])
         for _ in range(FD_DIRECTIONS):
             v = rng.standard_normal(x.shape)
             v = v / max(np.sqrt(np.mean(v * v)), 1e-300)  # unit rms
-            self.directions[key].append(v)
             d, tol_of = self.derivative(key, x, v, size)
-            scale = float(np.linalg.norm(g_auto) * np.linalg.norm(v))
-            worst_h = max(worst_h, _rel(float(np.sum(g_hand * v)), d, scale))
-            worst_a = max(worst_a, _rel(float(np.sum(g_auto * v)), d, scale))
-            worst_tol = max(worst_tol, tol_of(scale))
+            directions.append(v)
+            values.append(d)
+            tols.append(tol_of)
+        elements, element_tols = None, []
         if x.size <= FD_ELEMENTWISE_MAX:
-            fd = np.empty(x.shape)
-            tols = []
+            elements = np.empty(x.shape)
             for i, e in enumerate(_unit_vectors(x.shape)):
                 d, tol_of = self.derivative(key, x, e, size)
-                fd.reshape(-1)[i] = d
-                tols.append(tol_of)
-            scale = float(np.max(np.abs(g_auto))) if g_auto.size else 0.0
-            worst_h = max(worst_h, _rel_tensor(g_hand, fd, scale))
-            worst_a = max(worst_a, _rel_tensor(g_auto, fd, scale))
-            worst_tol = max([worst_tol] + [t(scale) for t in tols])
-        return worst_h, worst_a, worst_tol
+                elements.reshape(-1)[i] = d
+                element_tols.append(tol_of)
+        return Measured(directions, values, tols, elements, element_tols)
 
-    def kinked(self, key, x, g_auto, tol):
-        """Is L non-smooth within the step along any direction compare() used, by more than
-        KINK_FACTOR x the FD tolerance tol?  Run only to explain a disagreement, so its cost
-        does not matter."""
+    def kinked(self, key, x, measured, g_auto, tol):
+        """Is L non-smooth within the step along any direction measured, by more than
+        KINK_FACTOR x the FD tolerance tol?  Run only to explain a disagreement."""
         if self.scheme == "complex":
             return False
         size = float(np.sqrt(np.mean(x * x))) if x.size else 1.0
         along = [(v, float(np.linalg.norm(g_auto) * np.linalg.norm(v)))
-                 for v in self.directions.get(key, [])]
-        if x.size <= FD_ELEMENTWISE_MAX:
+                 for v in measured.directions]
+        if measured.elements is not None:
             along += [(e, float(np.max(np.abs(g_auto)))) for e in _unit_vectors(x.shape)]
         return any(self._kinked(key, x, v, size, KINK_FACTOR * tol * scale) for v, scale in along)
 
@@ -244,23 +314,6 @@ def _unit_vectors(shape):
         e = np.zeros(n)
         e[i] = 1.0
         yield e.reshape(shape)
-
-
-def _rel(a, b, scale):
-    if not (math.isfinite(a) and math.isfinite(b)):
-        return math.inf
-    if scale == 0.0:
-        return 0.0 if a == b else math.inf
-    return abs(a - b) / scale
-
-
-def _rel_tensor(a, b, scale):
-    if not (np.all(np.isfinite(a)) and np.all(np.isfinite(b))):
-        return math.inf
-    diff = float(np.max(np.abs(a - b)))
-    if scale == 0.0:
-        return 0.0 if diff == 0.0 else math.inf
-    return diff / scale
 
 
 def normwise(a, b):

@@ -84,8 +84,8 @@ def ff_params(rng, dtype, s, x):
 
 BTD = ("batch", "token", "feature")
 HEAD_W = ("head", "row", "col")
-ATTN_AXES = {"x": BTD, "z": ("batch", "key", "feature"), "WQ": HEAD_W, "WK": HEAD_W,
-             "WV": HEAD_W, "WO": ("row", "col")}
+MHA_AXES = {"x": BTD, "WQ": HEAD_W, "WK": HEAD_W, "WV": HEAD_W, "WO": ("row", "col")}
+MHCA_AXES = {**MHA_AXES, "z": ("batch", "key", "feature")}
 
 
 def _x(rng, dtype, s):
@@ -156,13 +156,13 @@ ROWS = [
         axes={"x": BTD, "W1": ("row", "col"), "W2": ("row", "col"), "b1": ("hidden",),
               "b2": ("feature",)}),
     Row("mha", kernels.mha_forward, kernels.mha_backward, reference.mha,
-        lambda rng, dt, s: ([_x(rng, dt, s)], attention_params(rng, dt, s)), axes=ATTN_AXES,
+        lambda rng, dt, s: ([_x(rng, dt, s)], attention_params(rng, dt, s)), axes=MHA_AXES,
         analytic=True),
     Row("mha-causal", kernels.mha_forward, kernels.mha_backward, reference.mha,
         lambda rng, dt, s: ([_x(rng, dt, s)], attention_params(rng, dt, s)),
-        static={"causal": True}, axes=ATTN_AXES, analytic=True),
+        static={"causal": True}, axes=MHA_AXES, analytic=True),
     Row("mhca", kernels.mhca_forward, kernels.mhca_backward, reference.mhca, _mhca_case,
-        input_names=("x", "z"), axes=ATTN_AXES, analytic=True),
+        input_names=("x", "z"), axes=MHCA_AXES, analytic=True),
     Row("cross_entropy", kernels.cross_entropy_forward, kernels.cross_entropy_backward,
         reference.cross_entropy,
         lambda rng, dt, s: ([normal(rng, (s["B"], s["T"], s["V"]), dt, 2.0),

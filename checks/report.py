@@ -12,19 +12,22 @@ import json
 import math
 from typing import Sequence
 
+from checks.verdict import BLAMES_ORACLE, Kind, Verdict
+
 
 @dataclasses.dataclass
 class TensorResult:
     """The comparison of one gradient tensor across the three legs."""
     name: str
     shape: tuple
-    hand_vs_autodiff: float = math.nan   # normwise relative error
+    hand_vs_autodiff: float = math.nan   # normwise relative error: max |hand - auto| / max |auto|
+    score: float = math.nan               # max_i |hand_i - auto_i| / tol_i: at most 1 passes
     hand_vs_fd: float = math.nan          # relative to |g| |v| (directional) or max |g| (elements)
     autodiff_vs_fd: float = math.nan
     max_abs: float = math.nan             # max |g_hand - g_autodiff|
-    tol: float = math.nan                 # tolerance of the hand leg (dtype, reduction length)
+    tol: float = math.nan                 # the largest element tolerance, relative to max |auto|
     tol_fd: float = math.nan              # tolerance of the finite-difference leg
-    verdict: str = ""
+    verdict: Verdict | None = None
     ok: bool = False
     worst: tuple | None = None            # index of the largest difference from the trusted leg
     location: str = ""                    # the same, with the layer's axis names
@@ -37,13 +40,17 @@ class Report:
     """What check_layer found: ``.ok``, ``.failing`` and a readable table from ``str()``."""
     layer: str
     dtype: str
-    forward_error: float
-    forward_tol: float
+    forward_error: float   # normwise relative error of the output against the oracle
+    forward_score: float   # max_i |out_i - oracle_i| / tol_i: at most 1 passes
     forward_ok: bool
     tensors: list
     error: str = ""      # set when a leg could not be run at all
     error_in: str = ""   # which part raised or misbehaved: forward, backward or oracle
-    note: str = ""       # e.g. a forward computing in lower precision than its inputs
+    notes: list = dataclasses.field(default_factory=list)  # checks.verdict.Note findings
+
+    @property
+    def note(self) -> str:
+        return "; ".join(str(n) for n in self.notes)
 
     @property
     def ok(self) -> bool:
@@ -56,14 +63,21 @@ class Report:
 
     def to_dict(self) -> dict:
         return {"layer": self.layer, "dtype": self.dtype, "ok": self.ok, "error": self.error,
-                "error_in": self.error_in, "note": self.note,
-                "forward": {"error": _num(self.forward_error), "tol": self.forward_tol,
-                            "ok": self.forward_ok},
-                "tensors": [{k: _num(v) for k, v in dataclasses.asdict(t).items()}
-                            for t in self.tensors]}
+                "error_in": self.error_in,
+                "findings": [{"finding": n.finding.name, "message": str(n)} for n in self.notes],
+                "forward": {"error": _num(self.forward_error),
+                            "score": _num(self.forward_score), "ok": self.forward_ok},
+                "tensors": [_tensor_dict(t) for t in self.tensors]}
 
     def __str__(self) -> str:
         return format_table([self])
+
+
+def _tensor_dict(t):
+    d = {k: _num(v) for k, v in dataclasses.asdict(t).items() if k != "verdict"}
+    d["verdict"] = t.verdict.kind.name if t.verdict else None
+    d["message"] = str(t.verdict) if t.verdict else ""
+    return d
 
 
 def _num(value):
@@ -72,17 +86,19 @@ def _num(value):
     return value
 
 
-def failure_line(layer: str, t: TensorResult) -> str:
+def failure_line(layer: str, dtype: str, t: TensorResult) -> str:
     """One line saying which leg is wrong, by how much, what the bug looks like and where."""
-    head = f"{layer}.{t.name}  FAIL  "
-    if t.verdict.startswith("hand is wrong"):
-        body = f"hand vs autodiff {t.hand_vs_autodiff:.1e} (FD agrees with autodiff)"
-    elif t.verdict.startswith("oracle is wrong"):
+    head = f"{layer}.{t.name} [{dtype}]  FAIL  "
+    kind = t.verdict.kind if t.verdict else None
+    if kind is Kind.HAND_WRONG:
+        body = (f"hand vs autodiff {t.hand_vs_autodiff:.1e}, {t.score:.3g}x its tolerance "
+                f"(FD agrees with autodiff)")
+    elif kind in BLAMES_ORACLE:
         body = f"autodiff vs FD {t.autodiff_vs_fd:.1e} (FD agrees with hand): the oracle is wrong"
     elif math.isfinite(t.hand_vs_autodiff):
         body = f"hand vs autodiff {t.hand_vs_autodiff:.1e}: {t.verdict}"
     else:
-        body = t.verdict
+        body = str(t.verdict)
     if t.diagnosis:
         body += f" — {t.diagnosis}"
     if t.location:
@@ -94,7 +110,7 @@ def format_table(reports: Sequence[Report]) -> str:
     """One line per layer x tensor: the three legs' errors, the tolerance and the verdict;
     then one explaining line per failure and the notes."""
     head = ("layer", "dtype", "tensor", "shape", "hand-autodiff", "hand-FD", "autodiff-FD",
-            "tol", "verdict")
+            "err/tol", "verdict")
     rows, details = [], []
     for r in reports:
         fwd = "ok" if r.forward_ok else "FAIL: forward disagrees with the oracle"
@@ -102,22 +118,22 @@ def format_table(reports: Sequence[Report]) -> str:
             fwd = f"FAIL: {r.error_in or 'forward'}: " + r.error.splitlines()[0]
             details.append(f"{r.layer}.{r.error_in or 'forward'}  FAIL  {r.error}")
         elif not r.forward_ok:
-            details.append(f"{r.layer}.forward  FAIL  forward vs oracle {r.forward_error:.1e} "
-                           f"(tol {r.forward_tol:.1e}): gradient comparisons are moot until the "
-                           f"forward agrees")
-        if r.note:
-            details.append(f"{r.layer}  note  {r.note}")
+            details.append(f"{r.layer}.forward [{r.dtype}]  FAIL  forward vs oracle "
+                           f"{r.forward_error:.1e}, {r.forward_score:.3g}x its tolerance: "
+                           f"gradient comparisons are moot until the forward agrees")
+        for n in r.notes:
+            details.append(f"{r.layer} [{r.dtype}]  finding  {n}")
         rows.append((r.layer, r.dtype, "forward", "", f"{r.forward_error:.1e}", "", "",
-                     f"{r.forward_tol:.1e}", fwd))
+                     f"{r.forward_score:.2f}", fwd))
         for t in r.tensors:
             rows.append((r.layer, r.dtype, t.name, "x".join(map(str, t.shape)) or "scalar",
                          f"{t.hand_vs_autodiff:.1e}", f"{t.hand_vs_fd:.1e}",
-                         f"{t.autodiff_vs_fd:.1e}", f"{t.tol:.1e}",
-                         "ok" if t.ok else "FAIL: " + t.verdict))
+                         f"{t.autodiff_vs_fd:.1e}", f"{t.score:.2f}",
+                         "ok" if t.ok else f"FAIL: {t.verdict}"))
             if not t.ok:
-                details.append(failure_line(r.layer, t))
+                details.append(failure_line(r.layer, r.dtype, t))
             if t.note:
-                details.append(f"{r.layer}.{t.name}  note  {t.note}")
+                details.append(f"{r.layer}.{t.name} [{r.dtype}]  note  {t.note}")
     widths = [max(len(str(row[i])) for row in rows + [head]) for i in range(len(head))]
     line = lambda row: "  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip()
     table = [line(head), line(["-" * w for w in widths])] + [line(r) for r in rows]

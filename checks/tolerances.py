@@ -1,72 +1,121 @@
-"""Every tolerance of the checker, derived once from the dtype and the reduction length.
+"""The checker's tolerance policy: one object, derived from first principles, calibrated.
 
-Notation: u is the unit roundoff of the dtype (2^-24 for float32, 2^-53 for float64); k is the
-reduction length, the number of terms that can be summed into one output or gradient element.
+Notation: u is the unit roundoff of a format (2^-53 float64, 2^-24 float32, 2^-11 float16,
+2^-8 bfloat16); the oracle and the finite differences always run in float64.
 
-1. Hand vs autodiff, and the forward vs the oracle.  A sum of k rounded products has an error
-   of about sqrt(k) * u relative to the sum of its terms' magnitudes when rounding errors behave
-   like independent random variables (Higham & Mary 2019; the worst case is k * u).  A layer
-   chains a handful of such operations and the softmax and the normalisation pass their relative
-   errors on with a factor of order one, so we allow
+1. Hand vs autodiff, element by element.  ``checks.rounding`` runs the oracle's forward and VJP
+   with every rounding operation perturbed (Monte Carlo arithmetic) and returns, for every
+   gradient element, the spread s_i that rounding at roundoff u gives a correct implementation of
+   the same maths.  The spread follows the element's own conditioning: the magnitudes of the terms
+   that sum into it, the number of those terms, cancellation, exponents that amplify their
+   arguments' errors.  An element passes when
 
-        tol(dtype, k) = SAFETY * sqrt(k) * u(dtype),     SAFETY = 64,
+        |hand_i - autodiff_i| <= tol_i = LAMBDA * s_i + ULPS * u * |autodiff_i| + tiny,
 
-   measured normwise: max |hand - autodiff| / max |autodiff|.  Normwise, because an element that
-   cancels to nearly zero carries an absolute, not a relative, error.  The oracle always runs in
-   float64, so in a float32 check u is float32's: it is the hand kernel's rounding we bound.
-   SAFETY was calibrated with ``python -m checks calibrate`` (many seeds and random shapes):
-   correct kernels stay well inside it (see docs/tolerances.md for the observed margins), while
-   every classic bug of the zoo is off by a factor of order one.
+   LAMBDA = 32: s_i is an estimate from SAMPLES = 8 perturbed runs (its ratio to the true spread
+   falls below 1/8 with probability ~1e-7 per element, chi-square with 8 degrees of freedom), and
+   a correct kernel's error is itself a draw of up to ~5 spreads among thousands of elements, so
+   32 = 5 x 8 x 0.8 keeps false alarms away while a bug of 32 spreads is caught; ULPS = 4 allows
+   the final rounding of a result the oracle obtains exactly (a kernel may compute an
+   element the oracle copies); tiny is the format's smallest normal number.
+   The error reported is max_i |hand_i - autodiff_i| / tol_i: 1 is the edge.
 
-2. Central finite differences, always in float64.  With step h the error of
-   (L(x + h v) - L(x - h v)) / 2h is  h^2 |L'''| / 6  (truncation)  +  u |L| / h  (rounding).
-   The step that balances them is h = u^(1/3) times the scale of x, leaving an error of order
-   u^(2/3) ~ 4e-11 in float64.  Third derivatives of the softmax and of the normalisation are of
-   order ten at our input scales, and the rounding term is measured from the actual values
-   (sum |f * dout|), so the finite-difference tolerance is
+   Neither the tensor's largest element nor its size enters: a gradient that cancels to a small
+   value gets the error of its large terms (no false alarm at cancellation), a small element of a
+   large tensor is judged at its own scale (no bug hides below the largest element's tolerance),
+   and a long reduction adds sqrt(1 + log2 k) to its own elements only.
 
-        fd_tol = FD_SAFETY * u64^(2/3) + 4 * u64 * sum|f * dout| / (h * scale),   FD_SAFETY = 1e4,
+2. The forward against the oracle: the same rule on the output elements.  A float64 forward whose
+   errors exceed float64's spread but lie within float32's is recognised as computing in lower
+   precision: a finding, judged at float32's roundoff for the forward part and the inputs only
+   (the backward part keeps float64's: ``Spread.at``), and finite differences take float32's step.
 
-   about 2e-7 relative to scale = |g| |v|, the natural size of a directional derivative.
-   A leg pair is said to agree when its error is within the larger of the tolerances involved.
+3. Central finite differences (float64, step h = u^(1/3) times the tensor's scale):
 
-3. Richardson extrapolation (option): (4 D(h) - D(2h)) / 3 cancels the h^2 term, leaving
-   h^4 L^(5) truncation against (4 + 1/2)/3 * u |L| / h rounding: the step u^(1/5) balances them
-   and the error falls to order u^(4/5) ~ 2e-13.  Same FD_SAFETY on the truncation constant.
+        fd_tol = FD_SAFETY * u64^(2/3) + 4 * u * sum|f * dout| / (h * scale),  FD_SAFETY = 1e4,
 
-4. The complex step (option, analytic layers, on the oracle): Im L(x + i h v) / h with h = 1e-20
-   has no subtraction, so no cancellation: its error is rounding only, a few u times the scale of
-   the terms, as for autodiff.  We allow COMPLEX_STEP_ULPS * u64 ~ 1e-13 (it was 1e-11 until
-   calibration measured at most ~25 u).
+   truncation h^2 |L'''| / 6 against rounding u |L| / h, relative to scale = |g| |v|.  The hand
+   leg agrees with FD when |<hand, v> - D_v| <= fd_tol * scale + sum_i |v_i| tol_i (FD's error
+   plus the hand leg's own rounding).  Richardson extrapolation (4 D(h) - D(2h)) / 3 and the
+   complex step as options: see ``richardson_tol`` and ``complex_step_tol``.
 
-5. A forward that quietly computes in float32 although its inputs are float64 (its outputs are
-   all float32 numbers and its error against the oracle is above float64's tolerance but within
-   float32's) is judged with u = u32: the hand tolerance at float32, the finite differences with
-   float32's step and tolerance, and a note.  A float64 forward off by a float32-sized amount
-   for another reason still fails.
-
-Measured (``python -m checks calibrate``, 200 seeds x 13 layers x 2 dtypes at random shapes,
-docs/tolerances.md): the worst hand-vs-autodiff error is under a tenth of tol and the worst
-finite-difference error under a fiftieth of fd_tol, with zero false alarms.  The margins are
-wide on purpose: every bug of the zoo is off by a factor of order one, so tightening SAFETY
-would buy nothing against real bugs while adding flakiness at shapes not yet drawn.
+A registry row may override any field (``Row.tolerance``), as JAX's test specs carry a per-dtype
+tolerance; ``python -m checks calibrate`` measures the margins (docs/tolerances.md).
 """
+from __future__ import annotations
+
+import dataclasses
+
 import numpy
 
-SAFETY = 64.0
-FD_SAFETY = 1e4
-COMPLEX_STEP_ULPS = 1e3
+try:  # bfloat16 (and other small formats) come with JAX
+    import ml_dtypes
+except ImportError:  # pragma: no cover
+    ml_dtypes = None
+
 U64 = float(numpy.finfo(numpy.float64).eps) / 2
 
 
-def unit_roundoff(dtype):
-    """u = eps / 2 of a floating dtype."""
-    return float(numpy.finfo(dtype).eps) / 2
+def is_float(dtype) -> bool:
+    """A real floating format, NumPy's own or ml_dtypes' (whose kind is 'V')."""
+    dtype = numpy.dtype(dtype)
+    if dtype.kind == "f":
+        return True
+    return ml_dtypes is not None and dtype.kind == "V" and dtype.name in ("bfloat16",
+                                                                         "float8_e4m3fn",
+                                                                         "float8_e5m2")
 
 
-def grad_tol(dtype, k):
-    """Normwise relative tolerance of a hand result (gradient or forward) of the given dtype."""
-    return SAFETY * numpy.sqrt(max(int(k), 1)) * unit_roundoff(dtype)
+def finfo(dtype):
+    dtype = numpy.dtype(dtype)
+    return numpy.finfo(dtype) if dtype.kind == "f" else ml_dtypes.finfo(dtype)
+
+
+def unit_roundoff(dtype) -> float:
+    """u = eps / 2 of a floating format."""
+    return float(finfo(dtype).eps) / 2
+
+
+@dataclasses.dataclass(frozen=True)
+class Policy:
+    """Every constant of the checker's tolerances; a row may replace any of them."""
+    LAMBDA: float = 32.0            # spreads of the rounding model an element may err by
+    ULPS: float = 4.0               # plus this many units of the element's own last place
+    FD_SAFETY: float = 1e4          # FD truncation constant (third derivatives of order ten)
+    COMPLEX_STEP_ULPS: float = 1e3  # complex step: rounding only
+    LOW_PRECISION: str = "float32"  # the lower precision a float64 forward is recognised in
+    # the roundoff of results and of sums per format: (u of results, u of sums); None = u, u
+    accumulate: tuple = ()          # e.g. (("float16", "float32"),): float16 sums in float32
+
+    def u(self, dtype) -> tuple:
+        """(u of results, u of sums) of a format under this policy."""
+        name = numpy.dtype(dtype).name
+        acc = dict(self.accumulate).get(name)
+        u = unit_roundoff(dtype)
+        return (u, unit_roundoff(acc) if acc else u)
+
+    def elementwise(self, spread_scale, reference, dtype):
+        """tol_i from the model's error scale s_i (already at the right roundoffs)."""
+        u = unit_roundoff(dtype)
+        return (self.LAMBDA * spread_scale + self.ULPS * u * numpy.abs(reference)
+                + float(finfo(dtype).tiny))
+
+    def fd_tol(self, rounding_abs, h, scale, u=U64):
+        """Relative tolerance of a central difference (module docstring, 3)."""
+        scale = max(scale, numpy.finfo(numpy.float64).tiny)
+        return self.FD_SAFETY * u ** (2 / 3) + 4 * u * rounding_abs / (h * scale)
+
+    def richardson_tol(self, rounding_abs, h, scale, u=U64):
+        """(4 D(h) - D(2h)) / 3: truncation falls to order u^(4/5); rounding grows by 4.5 / 3."""
+        scale = max(scale, numpy.finfo(numpy.float64).tiny)
+        return self.FD_SAFETY * u ** (4 / 5) + 6 * u * rounding_abs / (h * scale)
+
+    def complex_step_tol(self):
+        """Im L(x + i h v) / h has no subtraction: rounding only, a few u of |g| |v|."""
+        return self.COMPLEX_STEP_ULPS * U64
+
+
+DEFAULT = Policy()
 
 
 def fd_step(scale, u=U64):
@@ -74,24 +123,18 @@ def fd_step(scale, u=U64):
     return u ** (1 / 3) * max(1.0, float(scale))
 
 
-def fd_tol(rounding_abs, h, scale, u=U64):
-    """Relative tolerance of a central difference (see the module docstring)."""
-    scale = max(scale, numpy.finfo(numpy.float64).tiny)
-    return FD_SAFETY * u ** (2 / 3) + 4 * u * rounding_abs / (h * scale)
-
-
 def richardson_step(scale, u=U64):
     """Step of Richardson's (4 D(h) - D(2h)) / 3: truncation h^4 against rounding u / h."""
     return u ** (1 / 5) * max(1.0, float(scale))
 
 
+def fd_tol(rounding_abs, h, scale, u=U64):
+    return DEFAULT.fd_tol(rounding_abs, h, scale, u)
+
+
 def richardson_tol(rounding_abs, h, scale, u=U64):
-    """The truncation error falls to order u^(4/5); the rounding term grows by (4 + 1/2) / 3."""
-    scale = max(scale, numpy.finfo(numpy.float64).tiny)
-    return FD_SAFETY * u ** (4 / 5) + 6 * u * rounding_abs / (h * scale)
+    return DEFAULT.richardson_tol(rounding_abs, h, scale, u)
 
 
 def complex_step_tol():
-    """Im L(x + i h v) / h has no subtraction: rounding only.  Calibration (1100 checks, 50 seeds,
-    docs/tolerances.md) measured at most ~25 u relative to |g| |v|; 1000 u leaves 40x."""
-    return COMPLEX_STEP_ULPS * U64
+    return DEFAULT.complex_step_tol()

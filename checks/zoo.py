@@ -230,7 +230,7 @@ def run_bug(bug: Bug, dtype=np.float64, seed=0) -> ZooResult:
     shown = next((t for t in report.tensors if t.name == bug.tensor and not t.ok), None)
     diagnosis = shown.diagnosis if shown else ""
     if shown and not diagnosis:
-        diagnosis = shown.verdict
+        diagnosis = str(shown.verdict)
     return ZooResult(bug, not report.ok, report.failing, diagnosis,
                      bug.pattern in diagnosis if bug.pattern else True, report)
 

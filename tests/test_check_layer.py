@@ -4,6 +4,7 @@ import numpy as np
 import kernels
 import reference
 from checks import check_layer
+from checks.verdict import Kind
 
 
 def linear_case(dtype=np.float64):
@@ -36,7 +37,7 @@ def test_transposed_weight_gradient_is_flagged():
     assert report.failing == ["W"]
     bad = next(t for t in report.tensors if t.name == "W")
     assert bad.hand_vs_autodiff > 0.1 and bad.autodiff_vs_fd < bad.tol_fd
-    assert bad.verdict == "hand is wrong (autodiff and FD agree)"
+    assert bad.verdict.kind is Kind.HAND_WRONG
     assert "FAIL" in str(report)
 
 
@@ -46,7 +47,7 @@ def test_wrong_oracle_is_named():
     report = check_layer(kernels.linear_forward, kernels.linear_backward, wrong_oracle, [x], params)
     assert not report.forward_ok and "forward" in report.failing
     bad = next(t for t in report.tensors if t.name == "b")
-    assert bad.verdict == "oracle is wrong (hand and FD agree)"
+    assert bad.verdict.kind is Kind.ORACLE_WRONG
 
 
 def test_scalar_loss_and_integer_inputs():

@@ -6,6 +6,7 @@ import pytest
 import kernels
 import reference
 from checks import check_layer
+from checks.verdict import Finding, Kind
 from checks.diagnosis import NO_PATTERN, Context, constants_from, diagnose, locate
 
 TOL = 1e-12
@@ -110,10 +111,11 @@ def test_failing_report_reads_like_the_issue():
     report = check_layer(kernels.mha_forward, swapped, reference.mha, [x], params, name="mha",
                          axes=axes, input_names=("x",))
     assert report.failing == ["WQ", "WK"]
-    line = next(l for l in str(report).splitlines() if l.startswith("mha.WK  FAIL"))
+    line = next(l for l in str(report).splitlines() if l.startswith("mha.WK [float32]  FAIL"))
     wk = next(t for t in report.tensors if t.name == "WK")
-    assert line.startswith(f"mha.WK  FAIL  hand vs autodiff {wk.hand_vs_autodiff:.1e} "
-                           "(FD agrees with autodiff) — looks like dWK and dWQ are swapped")
+    assert line.startswith(f"mha.WK [float32]  FAIL  hand vs autodiff {wk.hand_vs_autodiff:.1e}, "
+                           f"{wk.score:.3g}x its tolerance (FD agrees with autodiff) — looks like "
+                           "dWK and dWQ are swapped")
     h, r, c = wk.worst
     assert line.endswith(f"; worst at head {h}, row {r}, col {c}")
 
@@ -143,4 +145,23 @@ def test_fd_schemes_agree_on_a_correct_pair_and_catch_a_bug():
         bad = check_layer(kernels.linear_forward, wrong, reference.linear, [x], params, fd=fd)
         assert good.ok, (fd, str(good))
         assert bad.failing == ["W"] and "transposed" in bad.tensors[1].diagnosis, fd
-        assert bad.tensors[1].verdict == "hand is wrong (autodiff and FD agree)"
+        # the lab's kernels take real inputs only: the complex step then differentiates the
+        # oracle, a self-check that cannot blame the hand leg
+        expected = Kind.NO_TRIAGE if fd == "complex" else Kind.HAND_WRONG
+        assert bad.tensors[1].verdict.kind is expected, fd
+        assert (Finding.COMPLEX_STEP_ON_ORACLE in {n.finding for n in bad.notes}) == (fd == "complex")
+
+
+def test_complex_step_on_a_hand_forward_that_takes_complex_inputs_is_an_independent_leg():
+    """A user's kernel written with NumPy arithmetic takes complex inputs: the complex step then
+    perturbs the hand forward, and an oracle bug is blamed on the oracle."""
+    rng = np.random.default_rng(4)
+    x, s = rng.standard_normal((3, 4)), rng.standard_normal((3, 4))
+    forward = lambda x, p: (x * p["s"], (x, p["s"]))
+    backward = lambda dy, c: (dy * c[1], {"s": dy * c[0]})
+    report = check_layer(forward, backward, lambda x, p: 2 * x * p["s"], [x], {"s": s},
+                         fd="complex")
+    assert not report.notes[:0] and all(n.finding is not Finding.COMPLEX_STEP_ON_ORACLE
+                                        for n in report.notes)
+    assert report.error_in == "" and not report.forward_ok
+    assert {t.verdict.kind for t in report.tensors} == {Kind.ORACLE_WRONG}

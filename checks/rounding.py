@@ -1,0 +1,207 @@
+"""How large a correct kernel's rounding errors are, element by element: a Monte Carlo
+rounding-error model run on the oracle's own program.
+
+Every floating-point operation returns its exact result times (1 + delta) with |delta| <= u, the
+unit roundoff of the format (IEEE 754; Higham, "Accuracy and Stability of Numerical Algorithms",
+ch. 2).  How those deltas reach a gradient element depends on the whole computation: a gradient
+that is a small difference of large terms (cancellation) carries errors as large as the terms, a
+sum of k terms carries errors that grow with k, an exponent amplifies the error of its argument.
+A bound from the result's size, or from the tensor's largest element, misses all of that.
+
+The model: trace the oracle's forward and its VJP (``jax.vjp`` driven by the check's upstream
+gradient) as one program, then re-run that program with every rounding operation perturbed,
+
+    every operation with a floating result (add, mul, exp, rsqrt, dot ...)
+                                    + u_e xi |out|                        (the result's rounding)
+    sums of k terms (reduce_sum, dot_general, cumsum, scatter-add)
+                                    + u_s xi sqrt(1 + log2 k) sum|terms|  (the accumulation)
+    exact operations (reshape, select, max, neg, convert ...)   unchanged
+
+with xi ~ N(0, 1) independent for every operation and element (Monte Carlo arithmetic, Parker
+1997; sqrt(1 + log2 k) is the random-walk growth of a pairwise or blocked sum, Higham & Mary 2019).
+The root-mean-square deviation of the perturbed results from the exact one, element by element, is
+the rounding error that a correct implementation of the same maths shows at that element.
+
+Errors are linear in u to first order, so the program runs once at a simulation roundoff U_SIM
+(far above float64's own rounding, small enough to stay linear) and the spread is scaled to any
+format.  Perturbations are drawn separately for five parts of the program — the forward's results
+and its sums (operations that do not depend on the upstream gradient), the backward's results and
+its sums, and the inputs — so a kernel that rounds its results to float16 but accumulates in
+float32, or whose forward runs in a lower precision than its backward, is modelled part by part
+(``Spread.at``).
+
+All samples run as one program under ``jax.vmap``, compiled once per oracle and shape.
+"""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.extend import core as jcore
+
+U_SIM = 2.0 ** -30   # the simulation's roundoff; spreads are scaled by u / U_SIM
+SAMPLES = 8          # perturbed runs per part of the program
+PARTS = ("forward", "forward_sums", "backward", "backward_sums", "inputs")
+
+EXACT = {"neg", "abs", "sign", "max", "min", "select_n", "reshape", "transpose",
+         "broadcast_in_dim", "squeeze", "expand_dims", "slice", "dynamic_slice",
+         "dynamic_update_slice", "gather", "concatenate", "pad", "rev", "copy", "copy_p",
+         "stop_gradient", "reduce_max", "reduce_min", "argmax", "argmin", "iota", "floor",
+         "ceil", "round", "clamp", "sort", "convert_element_type", "real", "imag", "conj",
+         "optimization_barrier", "sharding_constraint", "cummax", "cummin", "scatter",
+         "device_put", "split", "tile"}
+SUMS = {"dot_general", "reduce_sum", "cumsum", "scatter-add", "scatter_add"}
+CALLS = {"jit", "pjit", "closed_call", "core_call", "remat", "checkpoint", "custom_jvp_call",
+         "custom_vjp_call", "custom_vjp_call_jaxpr"}
+
+
+class Unsupported(Exception):
+    """The program uses a construct the model does not perturb (control flow)."""
+
+
+class Spread(NamedTuple):
+    """Root-mean-square deviation per element and part of the program, at roundoff U_SIM."""
+    forward: np.ndarray
+    forward_sums: np.ndarray
+    backward: np.ndarray
+    backward_sums: np.ndarray
+    inputs: np.ndarray
+
+    def at(self, forward, backward=None, inputs=0.0):
+        """The rounding-error scale of every element, each part at its own roundoff.
+
+        ``forward`` and ``backward`` are u or a pair (u of results, u of sums); ``inputs`` is the
+        relative rounding of the inputs (0: the kernel receives them exactly)."""
+        backward = forward if backward is None else backward
+        (fe, fs), (be, bs) = _pair(forward), _pair(backward)
+        terms = ((fe, self.forward), (fs, self.forward_sums), (be, self.backward),
+                 (bs, self.backward_sums), (inputs, self.inputs))
+        return np.sqrt(sum((u / U_SIM * s) ** 2 for u, s in terms))
+
+
+def _pair(u):
+    return tuple(u) if isinstance(u, (tuple, list)) else (u, u)
+
+
+class RoundingModel:
+    """The perturbed program of one oracle at fixed shapes; ``spread`` runs it on values."""
+
+    def __init__(self, program, args, dout_index, samples=SAMPLES):
+        self.closed, self.shapes = jax.make_jaxpr(program, return_shape=True)(*args)
+        flat, _ = jax.tree_util.tree_flatten(args)
+        counts = [len(jax.tree_util.tree_leaves(a)) for a in args]
+        start = sum(counts[:dout_index])
+        self.backward_in = [start <= i < start + counts[dout_index] for i in range(len(flat))]
+        self.samples = samples
+        self.record = []  # (shape, part) of every perturbation, in program order
+        jax.eval_shape(lambda f: self._eval(f, _Noise(None, self.record)), flat)
+        self._exact = jax.jit(jcore.jaxpr_as_fun(self.closed))
+        self._run = jax.jit(jax.vmap(lambda f, n: self._eval(f, _Noise(n)), in_axes=(None, 0)))
+
+    def _eval(self, flat, noise):
+        return _eval(self.closed.jaxpr, self.closed.consts, flat, self.backward_in, noise)
+
+    def spread(self, args, seed=0):
+        """A pytree like the program's output with one Spread per leaf."""
+        flat, _ = jax.tree_util.tree_flatten(args)
+        rng = np.random.default_rng([seed, 0x40D])
+        part_of_sample = np.repeat(np.arange(len(PARTS)), self.samples)        # (5 N,)
+        noises = []
+        for shape, part in self.record:
+            xi = rng.standard_normal((len(part_of_sample),) + shape)           # (5 N, ...)
+            xi[part_of_sample != part] = 0.0
+            noises.append(U_SIM * xi)
+        exact = [np.asarray(v, np.float64) for v in self._exact(*flat)]
+        perturbed = self._run(flat, noises)                                    # (5 N, ...) each
+        spreads = []
+        for p, e in zip(perturbed, exact):
+            dev = (np.asarray(p, np.float64) - e) ** 2
+            rms = np.sqrt(dev.reshape((len(PARTS), self.samples) + e.shape).mean(axis=1))
+            spreads.append(Spread(*rms))
+        return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(self.shapes), spreads)
+
+
+class _Noise:
+    """Hands out the perturbations in program order; records (shape, part) when given a list."""
+
+    def __init__(self, noises, record=None):
+        self.noises, self.record, self.count = noises, record, 0
+
+    def __call__(self, shape, part):
+        if self.record is not None:
+            self.record.append((tuple(shape), PARTS.index(part)))
+            return jnp.zeros(shape, jnp.float64)
+        self.count += 1
+        return self.noises[self.count - 1]
+
+
+def _is_float(x):
+    return jnp.issubdtype(jnp.result_type(x), jnp.floating)
+
+
+def _eval(jaxpr, consts, args, backward_flags, noise, top=True):
+    env, flag = {}, {}
+    last_use = {}
+    for i, eqn in enumerate(jaxpr.eqns):
+        for v in eqn.invars:
+            if not isinstance(v, jcore.Literal):
+                last_use[v] = i
+    keep = {v for v in jaxpr.outvars if not isinstance(v, jcore.Literal)}
+
+    def read(v):
+        return v.val if isinstance(v, jcore.Literal) else env[v]
+
+    for var, value in zip(jaxpr.constvars, consts):
+        env[var], flag[var] = value, False
+    for var, value, b in zip(jaxpr.invars, args, backward_flags):
+        if top and not b and _is_float(value):  # the inputs' own rounding
+            value = value * (1 + noise(jnp.shape(value), "inputs"))
+        env[var], flag[var] = value, b
+    for i, eqn in enumerate(jaxpr.eqns):
+        ins = [read(v) for v in eqn.invars]
+        backward = any(flag.get(v, False) for v in eqn.invars if not isinstance(v, jcore.Literal))
+        name = eqn.primitive.name
+        if name in CALLS:
+            sub = eqn.params.get("jaxpr") or eqn.params.get("call_jaxpr")
+            inner = sub.jaxpr if hasattr(sub, "consts") else sub
+            flags = [False if isinstance(v, jcore.Literal) else flag[v] for v in eqn.invars]
+            outs = _eval(inner, getattr(sub, "consts", []), ins, flags, noise, top=False)
+        elif name in ("while", "cond", "scan"):
+            raise Unsupported(f"control flow ('{name}') in the oracle")
+        else:
+            out = eqn.primitive.bind(*ins, **eqn.params)
+            outs = out if eqn.primitive.multiple_results else [out]
+            part = "backward" if backward else "forward"
+            outs = [_round(name, eqn, ins, o, noise, part) for o in outs]
+        for var, value in zip(eqn.outvars, outs):
+            env[var], flag[var] = value, backward
+        for v in eqn.invars:  # free what no later equation reads (memory at large sizes)
+            if not isinstance(v, jcore.Literal) and last_use.get(v) == i and v not in keep:
+                env.pop(v, None)
+    return [read(v) for v in jaxpr.outvars]
+
+
+def _round(name, eqn, ins, out, noise, part):
+    """out with the rounding perturbation of its operation (exact operations unchanged)."""
+    if name in EXACT or not _is_float(out):
+        return out
+    out = out + jnp.abs(out) * noise(jnp.shape(out), part)
+    if name not in SUMS:
+        return out
+    params = eqn.params
+    if name == "dot_general":
+        (contract, _), _ = params["dimension_numbers"]
+        k = math.prod(jnp.shape(ins[0])[d] for d in contract)
+        terms = eqn.primitive.bind(jnp.abs(ins[0]), jnp.abs(ins[1]), **params)
+    elif name in ("reduce_sum", "cumsum"):
+        axes = params.get("axes", (params.get("axis", 0),))
+        k = math.prod(jnp.shape(ins[0])[d] for d in axes)
+        terms = eqn.primitive.bind(jnp.abs(ins[0]), **params)
+    else:  # scatter-add: a few repeated ids add up
+        k = 2
+        terms = eqn.primitive.bind(jnp.abs(ins[0]), ins[1], jnp.abs(ins[2]), **params)
+    growth = math.sqrt(1 + math.log2(max(k, 1)))
+    return out + growth * terms * noise(jnp.shape(out), part + "_sums")

@@ -1,0 +1,73 @@
+"""What a check concluded, as data: a kind that code branches on, and a message for people.
+
+No logic in the lab matches the text of a message; it reads ``Verdict.kind`` and ``Verdict.ok``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+
+class Kind(enum.Enum):
+    """Every conclusion a tensor's check can reach, with its message."""
+    OK = "ok"
+    FD_SET_ASIDE = "finite differences unreliable here (hand and autodiff agree)"
+    HAND_WRONG = "hand is wrong (autodiff and FD agree)"
+    ORACLE_WRONG = "oracle is wrong (hand and FD agree)"
+    FD_DISAGREES = "hand and autodiff agree, finite differences disagree with both"
+    FD_BORDERLINE = "hand and autodiff agree, FD is borderline"
+    UNRESOLVED = "hand and autodiff disagree and finite differences are unreliable here"
+    NO_TRIAGE = ("hand and autodiff disagree (no independent third leg: the complex step "
+                 "differentiated the oracle, or finite differences were skipped)")
+    ALL_DISAGREE = "all three legs disagree"
+    NO_GRADIENT = "backward returned no gradient for this tensor"
+    MISSHAPEN = "hand gradient has the wrong shape"
+    NOT_FLOAT = "hand gradient is not a floating-point array"
+    NON_FINITE = "non-finite values"
+    EXTRA_GRADIENT = "backward returned a gradient for a tensor that is not differentiated"
+    RAISED = "the kernel raised"
+
+
+PASSING = {Kind.OK, Kind.FD_SET_ASIDE}
+# the suspect leg, when a verdict names one (the diagnosis explains that leg's error)
+BLAMES_ORACLE = {Kind.ORACLE_WRONG}
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    kind: Kind
+    detail: str = ""  # data for the message: a shape, the part that raised, a kink ...
+
+    @property
+    def ok(self) -> bool:
+        return self.kind in PASSING
+
+    def __str__(self) -> str:
+        return self.kind.value + (f": {self.detail}" if self.detail else "")
+
+
+class Finding(enum.Enum):
+    """Precision quirks: reported, never failures by themselves, never a reason to skip a check."""
+    PROMOTES = ("promotes {dtype} to {got}: look for a NumPy float64 scalar or an untyped "
+                "constant (np.sqrt(2 / np.pi) * x promotes under NumPy 2)")
+    LOW_PRECISION_FORWARD = ("the forward computes in lower precision than its {dtype} inputs "
+                             "(its errors are {low}'s, {ratio:.2g}x what float64 rounding explains): "
+                             "the forward and the inputs it rounds are judged at {low}'s "
+                             "roundoff, the backward at {dtype}'s")
+    LOW_PRECISION_BACKWARD = ("the backward computes in lower precision than its {dtype} inputs "
+                              "(every gradient's errors are {low}'s, none a scaled copy of its "
+                              "gradient): judged at {low}'s roundoff")
+    NO_ROUNDING_MODEL = ("the oracle could not be traced for the rounding model ({why}): "
+                         "normwise fallback tolerance")
+    NO_FINITE_DIFFERENCES = "finite differences skipped (fd='none'): hand against autodiff only"
+    COMPLEX_STEP_ON_ORACLE = ("the hand forward does not take complex inputs: the complex step "
+                              "ran on the oracle (an oracle self-check, kept out of triage)")
+
+
+@dataclasses.dataclass(frozen=True)
+class Note:
+    finding: Finding
+    values: tuple = ()  # (name, value) pairs for the message
+
+    def __str__(self) -> str:
+        return self.finding.value.format(**dict(self.values))
