@@ -22,10 +22,9 @@ import math
 import numpy as np
 
 import kernels
-from experiments import common, studykit as kit
+from experiments import common
 
 NAME = "depth"
-ORDER = 30
 VARIANTS = [("pre", True), ("post", True), ("none", True), ("pre", False), ("post", False),
             ("none", False), ("attention only", False)]
 
@@ -42,7 +41,7 @@ class Config:
     seed: int = 0
 
     def __post_init__(self):
-        kit.validate(self, ints={"width": 2, "heads": 1, "tokens": 2, "batch": 1, "max_depth": 1,
+        common.validate(self, ints={"width": 2, "heads": 1, "tokens": 2, "batch": 1, "max_depth": 1,
                                  "trials": 1, "seed": 0},
                      tuples={"grad_depths": (1, self.max_depth)})
         if self.width % self.heads:
@@ -193,31 +192,31 @@ def _headlines(m, config):
     lo, hi = xiong_band(l)
     ms, se = m[("pre", True)]["ms"]
     inside = bool(np.all((ms >= lo - 3 * se) & (ms <= hi + 3 * se)))
-    heads.append(kit.headline(f"pre-norm |x_l|^2/d at l = {config.max_depth} (and every l inside the band ± 3 SE)",
+    heads.append(common.headline(f"pre-norm |x_l|^2/d at l = {config.max_depth} (and every l inside the band ± 3 SE)",
                               ms[-1], f"[{lo[-1]:g}, {hi[-1]:g}]; band 1 + l/2 … 1 + 3l/2",
                               "Xiong et al. 2020, Lemma 2", inside))
     ms, _ = m[("post", True)]["ms"]
     spread = float(np.abs(ms[1:] - 1).max())
-    heads.append(kit.headline("post-norm max_l | |x_l|^2/d - 1 |", spread, "~0 (flat; eps 1e-8 only)",
+    heads.append(common.headline("post-norm max_l | |x_l|^2/d - 1 |", spread, "~0 (flat; eps 1e-8 only)",
                               "Xiong et al. 2020, Lemma 2", spread < 1e-6))
     Ls = np.array(config.grad_depths, float)
     if len(Ls) >= 2:
         deep = Ls >= 4 if (Ls >= 4).sum() >= 2 else Ls > 0       # the asymptotic end of the range
-        pre = kit.loglog_slope(Ls[deep], m[("pre", True)]["grad_last"][0][deep])
+        pre = common.loglog_slope(Ls[deep], m[("pre", True)]["grad_last"][0][deep])
         # Between Lemma 2's bounds the final norm divides by sqrt(1 + cL), c in [1/2, 3/2]: over
         # L = 4..24 that is a slope between -0.41 and -0.47, tending to -1/2; accept [-0.6, -0.3].
-        heads.append(kit.headline("exponent of pre-norm last-layer |dW2| vs L", pre, -0.5,
+        heads.append(common.headline("exponent of pre-norm last-layer |dW2| vs L", pre, -0.5,
                                   "Xiong et al. 2020, Theorem 1 (O(1/sqrt(L)))", -0.6 <= pre <= -0.3))
-        post = kit.loglog_slope(Ls, m[("post", True)]["grad_last"][0])
-        heads.append(kit.headline("exponent of post-norm last-layer |dW2| vs L", post, 0.0,
+        post = common.loglog_slope(Ls, m[("post", True)]["grad_last"][0])
+        heads.append(common.headline("exponent of post-norm last-layer |dW2| vs L", post, 0.0,
                                   "Xiong et al. 2020, Theorem 1 (independent of L)", abs(post) <= 0.1))
     # "Collapsed" = mean token cosine above 0.99 (tokens within 8 degrees of one direction).
     pure = m[("attention only", False)]["cos"][0]
     first = int(np.argmax(pure > 0.99)) if (pure > 0.99).any() else -1
-    heads.append(kit.headline("layers until pure attention collapses (token cosine > 0.99)", first,
+    heads.append(common.headline("layers until pure attention collapses (token cosine > 0.99)", first,
                               "a few", "Dong et al. 2021", 0 < first <= 4))
     resid = m[("pre", True)]["cos"][0]
-    heads.append(kit.headline(f"token cosine, pre-norm residual stack, after {config.max_depth} layers",
+    heads.append(common.headline(f"token cosine, pre-norm residual stack, after {config.max_depth} layers",
                               resid[-1], "< 0.99 (not collapsed)", "Dong et al. 2021", resid[-1] < 0.99))
     return heads
 
@@ -225,12 +224,12 @@ def _headlines(m, config):
 def _charts(m, config, figures):
     l = np.arange(config.max_depth + 1)                        # (L+1,)
     lo, hi = xiong_band(l)
-    fig, (a1, a2) = kit.figure(2, width=5.6)
+    fig, (a1, a2) = common.figure(2, width=5.6)
     for i, v in enumerate(VARIANTS):
         a1.plot(l, m[v]["ms"][0], "o-" if v[1] else "s:", color=f"C{i}", ms=3, lw=1, label=label_of(v))
     a1.fill_between(l, lo, hi, color="C0", alpha=0.15, label="Xiong Lemma 2 band (pre-norm)")
     a1.axhline(1, color="C1", ls="--", lw=1, label="post-norm theory: 1")
-    kit.label(a1, "activation mean-square through depth", "layer l",
+    common.label(a1, "activation mean-square through depth", "layer l",
               "|x_l|²/d (input units²)", logy=True)
     for i, v in enumerate(VARIANTS[:2]):  # no-norm residual (geometric) is on the log panel
         mean, se = m[v]["ms"]
@@ -238,13 +237,13 @@ def _charts(m, config, figures):
                     label=label_of(v))
     a2.fill_between(l, lo, hi, color="C0", alpha=0.15, label="1 + l/2 … 1 + 3l/2")
     a2.set_ylim(0.5, 2 * hi[-1])
-    kit.label(a2, "pre- and post-norm residual, linear scale (±3 SE)", "layer l", "|x_l|²/d (input units²)")
-    kit.save(fig, NAME, "activations.png",
+    common.label(a2, "pre- and post-norm residual, linear scale (±3 SE)", "layer l", "|x_l|²/d (input units²)")
+    common.save(fig, NAME, "activations.png",
              "Mean-square activation per layer: pre-norm grows linearly inside Xiong's band, "
              "post-norm is pinned at 1, no-norm residual stacks grow geometrically and no-residual "
              "stacks without norm shrink geometrically.", figures)
 
-    fig, (b1, b2) = kit.figure(2, width=5.6)
+    fig, (b1, b2) = common.figure(2, width=5.6)
     Ls = np.array(config.grad_depths, float)
     for i, v in enumerate(VARIANTS):
         if v[0] in ("none", "attention only"):
@@ -256,23 +255,23 @@ def _charts(m, config, figures):
                   label=label_of(v))
     pre = m[("pre", True)]["grad_last"][0]
     b2.loglog(Ls, pre[0] * np.sqrt(Ls[0] / Ls), "k--", lw=1, label="∝ 1/sqrt(L) (Theorem 1)")
-    kit.label(b1, f"gradient norm per block, stack of L = {config.max_depth}", "block l",
+    common.label(b1, f"gradient norm per block, stack of L = {config.max_depth}", "block l",
               "‖∂loss/∂θ_l‖ (loss units)")
-    kit.label(b2, "last block's |∂loss/∂W2| vs depth", "stack depth L", "‖∂loss/∂W2‖_F (loss units)")
-    kit.save(fig, NAME, "gradients.png",
+    common.label(b2, "last block's |∂loss/∂W2| vs depth", "stack depth L", "‖∂loss/∂W2‖_F (loss units)")
+    common.save(fig, NAME, "gradients.png",
              "Gradient norms from the hand backward with a random read-out: pre-norm gives every "
              "block a similar gradient that shrinks as 1/sqrt(L) with depth (Xiong Theorem 1); "
              "post-norm's last-block gradient does not depend on L. The no-norm stacks (off this "
              "scale, growing or decaying geometrically) are in data.csv.", figures)
 
-    fig, (c1,) = kit.figure(1, width=6.4)
+    fig, (c1,) = common.figure(1, width=6.4)
     for i, v in enumerate(VARIANTS):
         c1.plot(l, m[v]["cos"][0], "o-" if v[1] else "s:", color=f"C{i}", ms=3, lw=1,
                 label=label_of(v))
     c1.axhline(1, color="k", ls="--", lw=1, label="rank one (all tokens parallel)")
     c1.set_ylim(-0.05, 1.05)
-    kit.label(c1, "rank collapse: mean cosine between tokens", "layer l", "mean token cosine (unitless)")
-    kit.save(fig, NAME, "rank_collapse.png",
+    common.label(c1, "rank collapse: mean cosine between tokens", "layer l", "mean token cosine (unitless)")
+    common.save(fig, NAME, "rank_collapse.png",
              "Mean pairwise cosine between the tokens of a sequence: without residuals the tokens "
              "become parallel within a few layers (Dong et al. 2021); residual stacks keep them apart.",
              figures)
@@ -290,6 +289,6 @@ def _rows(m, config):
     return rows
 
 
-def run(config: Config) -> kit.Result:
-    return kit.conduct(NAME, config, measure, _headlines, _charts, _rows,
+def run(config: Config) -> common.Result:
+    return common.conduct(NAME, config, measure, _headlines, _charts, _rows,
                        meta=lambda m: {"init": "every weight N(0, 1/fan_in), biases 0"})

@@ -19,10 +19,9 @@ import math
 import numpy as np
 
 import kernels
-from experiments import common, studykit as kit
+from experiments import common
 
 NAME = "init_scale"
-ORDER = 40
 TREATMENTS = ("raw", "centred", "normalised", "residual")
 
 
@@ -45,7 +44,7 @@ class Config:
     seed: int = 0
 
     def __post_init__(self):
-        kit.validate(self, ints={"width": 2, "depth": 1, "vectors": 2, "trials": 2, "seed": 0})
+        common.validate(self, ints={"width": 2, "depth": 1, "vectors": 2, "trials": 2, "seed": 0})
 
 
 def chain(W, x, treatment):
@@ -106,19 +105,19 @@ def _headlines(m, config):
         per_chain = gains.mean(axis=(1, 2))
         mean, se = per_chain.mean(), per_chain.std(ddof=1) / math.sqrt(len(per_chain))
         theory = gain_theory(name, std, n)
-        heads.append(kit.headline(f"gain in |x|^2 per product, {name}, n = {n}", mean, round(theory, 6),
+        heads.append(common.headline(f"gain in |x|^2 per product, {name}, n = {n}", mean, round(theory, 6),
                                   "E|Wx|^2 = n sigma^2 |x|^2", abs(mean - theory) <= 3 * se))
     ms = m["article std 0.1", "normalised"][0]
-    heads.append(kit.headline(f"|x_K|^2/n after {config.depth} normalised products, std 0.1",
+    heads.append(common.headline(f"|x_K|^2/n after {config.depth} normalised products, std 0.1",
                               ms[-1], 1.0, "RMS norm: exactly 1 up to eps", abs(ms[-1] - 1) < 1e-6))
     raw = m["uniform [0, 1)", "raw"][2][-1].mean()
-    heads.append(kit.headline(f"mean |cosine| between vectors after {config.depth} products, uniform [0, 1)", raw,
+    heads.append(common.headline(f"mean |cosine| between vectors after {config.depth} products, uniform [0, 1)", raw,
                               "-> 1 (collapse onto the all-ones direction)", "entries of mean 1/2",
                               raw > 0.99))
     cen, ref = m["uniform [0, 1)", "centred"][2][1], m["fan-in 1/sqrt(n)", "raw"][2][1]   # (m,) each
     se = math.sqrt(cen.var(ddof=1) / len(cen) + ref.var(ddof=1) / len(ref))
     # centred uniform entries are zero-mean i.i.d. like the Gaussian fan-in ones: same |cosine|
-    heads.append(kit.headline("mean |cosine| after 1 product, uniform [0, 1) centred", cen.mean(),
+    heads.append(common.headline("mean |cosine| after 1 product, uniform [0, 1) centred", cen.mean(),
                               round(float(ref.mean()), 4), "zero-mean Gaussian matrices (measured)",
                               abs(cen.mean() - ref.mean()) <= 3 * se))
     return heads
@@ -127,7 +126,7 @@ def _headlines(m, config):
 def _charts(m, config, figures):
     n, K = config.width, config.depth
     k = np.arange(K + 1)                                           # (K + 1,)
-    fig, axes = kit.figure(2, width=5.6, nrows=2)
+    fig, axes = common.figure(2, width=5.6, nrows=2)
     for ax, treatment in zip(axes, TREATMENTS):
         for i, (name, (_, std)) in enumerate(scales(n, K).items()):
             ax.semilogy(k, m[name, treatment][0], "o", color=f"C{i}", ms=3, label=name)
@@ -140,17 +139,17 @@ def _charts(m, config, figures):
             ax.axhline(1, color="k", ls="--", lw=1, label="theory 1")
             ax.set_yscale("linear")
             ax.set_ylim(0.8, 1.2)
-        kit.label(ax, f"{treatment}: x ← {'x + W x' if treatment == 'residual' else 'W x'}"
+        common.label(ax, f"{treatment}: x ← {'x + W x' if treatment == 'residual' else 'W x'}"
                   + (" (W centred)" if treatment == "centred" else "")
                   + (", then RMS norm" if treatment == "normalised" else ""),
                   "products k", "|x_k|²/n (input units²)")
-    kit.save(fig, NAME, "growth.png",
+    common.save(fig, NAME, "growth.png",
              f"Mean-square of vectors pushed through k products of {n} x {n} random matrices, for "
              "four init scales, with the theory (n σ²)^k dashed: the article's std 0.1 vanishes, "
              "fan-in holds, GPT-2's residual scale vanishes without its residual and holds with it; "
              "uniform [0, 1) explodes even after centring (its std is not scaled) and RMS "
              "normalisation pins everything at 1.", figures)
-    fig, (ax,) = kit.figure(1, width=6)
+    fig, (ax,) = common.figure(1, width=6)
     for i, treatment in enumerate(("raw", "centred")):
         for j, name in enumerate(("uniform [0, 1)", "fan-in 1/sqrt(n)")):
             ax.plot(k, m[name, treatment][2].mean(axis=1), ("o-" if j == 0 else "s:"), color=f"C{i}", ms=3,
@@ -159,9 +158,9 @@ def _charts(m, config, figures):
     ax.axhline(math.sqrt(2 / (math.pi * n)), color="0.5", ls=":", lw=1,
                label="independent random vectors, √(2/(πn))")
     ax.set_ylim(0, 1.05)
-    kit.label(ax, "collapse onto the mean direction, and centring", "products k",
+    common.label(ax, "collapse onto the mean direction, and centring", "products k",
               "mean |cosine| between vectors (unitless)")
-    kit.save(fig, NAME, "centring.png",
+    common.save(fig, NAME, "centring.png",
              "Matrices with a non-zero mean (uniform [0, 1)) map every vector onto the all-ones "
              "direction within a product or two; centring each matrix by its global mean keeps "
              "the vectors as spread as zero-mean matrices do.", figures)
@@ -174,5 +173,5 @@ def _rows(m, config):
             for (name, t), (ms, gains, cos, std) in m.items() for k in range(config.depth + 1)]
 
 
-def run(config: Config) -> kit.Result:
-    return kit.conduct(NAME, config, measure, _headlines, _charts, _rows)
+def run(config: Config) -> common.Result:
+    return common.conduct(NAME, config, measure, _headlines, _charts, _rows)

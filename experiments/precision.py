@@ -20,10 +20,9 @@ import math
 import numpy as np
 
 import kernels
-from experiments import common, studykit as kit
+from experiments import common
 
 NAME = "precision"
-ORDER = 50
 U = {"float32": 2.0 ** -24, "float64": 2.0 ** -53}
 RECURSIVE = "recursive sum (np.cumsum), reference"
 SOURCE_BOUNDS = "Higham 2002 (gamma_n); Higham & Mary 2019 (sqrt(n) u)"
@@ -40,7 +39,7 @@ class Config:
     seed: int = 0
 
     def __post_init__(self):
-        kit.validate(self, ints={"rows": 1, "trials": 1, "fd_width": 2, "fd_draws": 1,
+        common.validate(self, ints={"rows": 1, "trials": 1, "fd_width": 2, "fd_draws": 1,
                                  "fd_steps": 3, "seed": 0}, tuples={"lengths": 2})
 
 
@@ -155,13 +154,13 @@ def _headlines(m, config):
     kernel_names = [k for k in red if k != RECURSIVE]
     worst = max(float((red[k] / gamma(n)).max()) for k in kernel_names)
     prob = max(float((red[k] / (np.sqrt(n) * U["float32"])).max()) for k in kernel_names)
-    heads = [kit.headline("largest float32 kernel error / gamma_n (any kernel, any n)", worst,
+    heads = [common.headline("largest float32 kernel error / gamma_n (any kernel, any n)", worst,
                           "<= 1 (worst-case bound)", SOURCE_BOUNDS, worst <= 1),
-             kit.headline("largest float32 kernel error / (sqrt(n) u)", prob,
+             common.headline("largest float32 kernel error / (sqrt(n) u)", prob,
                           "<= 1 (holds with high probability)", SOURCE_BOUNDS, prob <= 1)]
     if len(n) >= 3:
-        slope, se = kit.loglog_slope_se(n, red[RECURSIVE])
-        heads.append(kit.headline("exponent of recursive-summation error vs n", slope, 0.5,
+        slope, se = common.loglog_fit(n, red[RECURSIVE])
+        heads.append(common.headline("exponent of recursive-summation error vs n", slope, 0.5,
                                   "Higham & Mary 2019 (rounding errors as a random walk)",
                                   abs(slope - 0.5) <= 3 * se))
     grid = steps[1] / steps[0]
@@ -169,7 +168,7 @@ def _headlines(m, config):
         best = float(steps[np.argmin(errors[name])])
         model = optimal_step(u, third, rounding)
         # the measured optimum is known to one grid step of the log-spaced steps
-        heads.append(kit.headline(f"best finite-difference step, {name}", best, round(model, 8),
+        heads.append(common.headline(f"best finite-difference step, {name}", best, round(model, 8),
                                   "u^(1/3) (3 sum|pg| / |L'''|)^(1/3), from truncation vs rounding",
                                   1 / grid <= best / model <= grid))
     return heads
@@ -179,30 +178,30 @@ def _charts(m, config, figures):
     red, (steps, errors, third, rounding) = m
     n = np.array(config.lengths, float)
     grid = np.geomspace(n.min(), n.max(), 100)                               # (100,)
-    fig, (a1,) = kit.figure(1, width=7.5, height=4.8)
+    fig, (a1,) = common.figure(1, width=7.5, height=4.8)
     for i, (name, err) in enumerate(red.items()):
         style = "k^-" if name == RECURSIVE else f"C{i}o-"
         a1.loglog(n, err, style, ms=4, lw=1, label=name)
     a1.loglog(grid, gamma(grid), "r--", lw=1.5, label="γ_n = nu/(1−nu) (worst case)")
     a1.loglog(grid, np.sqrt(grid) * U["float32"], "r:", lw=1.5, label="√n·u (probabilistic)")
     a1.axhline(U["float32"], color="0.5", lw=1, label="u = 2⁻²⁴")
-    kit.label(a1, "float32 error of the kernels against float64", "reduction length n",
+    common.label(a1, "float32 error of the kernels against float64", "reduction length n",
               "relative error (unitless)", legend="upper left")
-    kit.save(fig, NAME, "reduction.png",
+    common.save(fig, NAME, "reduction.png",
              "float32 error of the lab's kernels (same inputs run in float64 as the reference) as the "
              "reduction length grows, against Higham's worst-case γ_n and the probabilistic √n·u. "
              "NumPy's blocked BLAS dot products and pairwise sums stay near u; plain recursive "
              "summation of positive terms follows √n·u.", figures)
-    fig, (b1,) = kit.figure(1, width=7.5, height=4.8)
+    fig, (b1,) = common.figure(1, width=7.5, height=4.8)
     for i, (name, u) in enumerate(U.items()):
         b1.loglog(steps, errors[name], "o-", color=f"C{i}", ms=3, lw=1, label=f"{name}, measured")
         b1.loglog(steps, error_model(steps, u, third, rounding), "--", color=f"C{i}", lw=1,
                   label=f"{name}, h²|L‴|/6 + u·Σ|pg|/h")
         b1.axvline(u ** (1 / 3), color=f"C{i}", ls=":", lw=1.5, label=f"u^(1/3) = {u ** (1 / 3):.1e}")
     b1.set_ylim(1e-12, 10)
-    kit.label(b1, f"central differences of ⟨softmax(x), g⟩, n = {config.fd_width}",
+    common.label(b1, f"central differences of ⟨softmax(x), g⟩, n = {config.fd_width}",
               "step h (input units)", "relative error of the derivative", legend="lower left")
-    kit.save(fig, NAME, "finite_differences.png",
+    common.save(fig, NAME, "finite_differences.png",
              "Relative error of a central difference against the exact derivative (hand backward, "
              "float64) as the step shrinks: truncation (slope 2) on the right, rounding (slope −1) "
              "on the left; the optimum sits near u^(1/3) (dotted) times a problem constant, where "
@@ -221,5 +220,5 @@ def _rows(m, config):
     return rows
 
 
-def run(config: Config) -> kit.Result:
-    return kit.conduct(NAME, config, measure, _headlines, _charts, _rows)
+def run(config: Config) -> common.Result:
+    return common.conduct(NAME, config, measure, _headlines, _charts, _rows)
