@@ -75,7 +75,7 @@ class Headline:
     def sentence(self) -> str:
         """One sentence for the report's summary."""
         verdict = {True: "Reproduced", False: "Not reproduced", None: "Shown"}[self.agrees]
-        se = f" ± {self.measured_se:.3g}" if _finite(self.measured_se) else ""
+        se = f" ± {self.measured_se:.3g}" if _finite(self.measured_se) and self.measured_se > 0 else ""
         pred = (f"{self.predicted:.4g}" + (f" ± {self.predicted_se:.2g}" if self.predicted_se else "")
                 if isinstance(self.predicted, (int, float)) else str(self.predicted))
         return (f"{verdict}: {self.quantity} — measured {self.measured:.4g}{se}, "
