@@ -41,7 +41,9 @@ def field_docs(cls) -> dict:
             source = textwrap.dedent(inspect.getsource(klass))
         except (OSError, TypeError):
             continue
-        lines = source.splitlines()
+        comments = {t.start[0]: t.string.lstrip("#").strip()
+                    for t in tokenize.generate_tokens(io.StringIO(source).readline)
+                    if t.type == tokenize.COMMENT}                 # line -> comment text
         body = ast.parse(source).body[0].body
         for i, node in enumerate(body):
             if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
@@ -51,11 +53,8 @@ def field_docs(cls) -> dict:
                     and isinstance(after.value.value, str):
                 docs[node.target.id] = " ".join(after.value.value.split())
                 continue
-            line = lines[node.end_lineno - 1]
-            with_comment = [t.string for t in tokenize.generate_tokens(io.StringIO(line + "\n").readline)
-                            if t.type == tokenize.COMMENT]
-            if with_comment:
-                docs[node.target.id] = with_comment[-1].lstrip("#").strip()
+            if node.end_lineno in comments:
+                docs[node.target.id] = comments[node.end_lineno]
     return docs
 
 

@@ -196,6 +196,23 @@ def trained_regime(rng, config):
     return out
 
 
+def head_loss(params, keys, xq, target, scale):
+    """The functional test's loss and its hand gradient.  Logits scale (x_q W_Q).(x_j W_K), the
+    cross-entropy of their softmax against the target key, each seed (leading axis) its own mean.
+    params: W_Q, W_K (S, d, d); keys (S, B, n, d); xq (S, B, d); target (S, B).  Returns (the
+    loss summed over seeds, grads (S, d, d) each, probabilities (S, B, n))."""
+    S = keys.shape[0]
+    q = xq @ params["WQ"]                                             # (S, B, d) queries
+    u = q @ params["WK"].transpose(0, 2, 1)                           # (S, B, d) W_K q: k_j.q = x_j.u
+    logits = scale * (keys @ u[..., None])[..., 0]                    # (S, B, n)
+    loss, cache = kernels.cross_entropy_forward(logits, target, {})
+    (dlogits, _), _ = kernels.cross_entropy_backward(1.0, cache)      # (S, B, n), mean over S B
+    du = scale * S * (dlogits[..., None, :] @ keys)[..., 0, :]        # (S, B, d), each seed's own mean
+    grads = {"WQ": xq.transpose(0, 2, 1) @ (du @ params["WK"]),       # (S, d, d) through q = xq W_Q
+             "WK": du.transpose(0, 2, 1) @ q}                         # (S, d, d) through u = W_K q
+    return float(loss) * S, grads, cache.probs
+
+
 def adam_race(rng, config, d, c):
     """Steps for one head to reach the target loss under Adam, per seed (adam_steps + 1 when it
     does not): logits c (x_q W_Q).(x_j W_K) / sqrt(d), c = 1 (scaled) or sqrt(d) (unscaled); the
@@ -212,16 +229,9 @@ def adam_race(rng, config, d, c):
         target = rng.integers(0, n, (S, B))                               # (S, B)
         xq = keys[np.arange(S)[:, None], np.arange(B)[None, :], target]   # (S, B, d)
         xq = xq + 0.5 * rng.standard_normal(xq.shape)
-        q = xq @ params["WQ"]                                             # (S, B, d) queries
-        u = q @ params["WK"].transpose(0, 2, 1)                           # (S, B, d) W_K q: k_j.q = x_j.u
-        logits = scale * (keys @ u[..., None])[..., 0]                    # (S, B, n)
-        loss, cache = kernels.cross_entropy_forward(logits, target, {})
-        (dlogits, _), _ = kernels.cross_entropy_backward(1.0, cache)      # (S, B, n), mean over S B
-        du = scale * S * (dlogits[..., None, :] @ keys)[..., 0, :]        # (S, B, d), each seed's own mean
-        grads = {"WQ": xq.transpose(0, 2, 1) @ (du @ params["WK"]),       # (S, d, d)
-                 "WK": du.transpose(0, 2, 1) @ q}                         # (S, d, d)
+        _, grads, probs = head_loss(params, keys, xq, target, scale)
         params, state = adam_step(params, grads, state, config.adam_rate)
-        p = cache.probs[np.arange(S)[:, None], np.arange(B)[None, :], target]  # (S, B)
+        p = probs[np.arange(S)[:, None], np.arange(B)[None, :], target]   # (S, B)
         history.append(-np.log(np.maximum(p, 1e-300)).mean(axis=1))
         running = np.mean(history[-10:], axis=0)                          # (S,)
         reached = np.where((reached > config.adam_steps) & (running <= config.adam_target), step + 1, reached)

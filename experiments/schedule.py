@@ -1,8 +1,11 @@
 """The article's training protocol reproduced over seeds, and the intended schedule beside it.
 
 Both schedules run the article's settings (palindromes, 10 epochs of 64 steps, rate 1e-2 to
-1e-5, warm-up 128, float64) for several seeds; for each seed the data, shuffles and initial
-parameters are shared by the two schedules, so their difference is paired.
+1e-5, warm-up 128); the article's schedule for several seeds, the intended one for the first of
+them (fewer: its difference is ten-fold); for a seed the data, shuffles and initial parameters are
+shared by the two schedules, so their difference is paired.  The runs compute in float32 to keep
+`all` short (the article's code computes in float64; at seed 0 the two types end at valid loss
+0.01004 and 0.01005 under the article's schedule, a difference far below the seed-to-seed spread).
 
 * article: the step counter restarts every epoch, so with 64-step epochs the warm-up to step 128
   never finishes (the rate climbs to about 5e-3 and drops to 0 at every epoch's start), and Adam's
@@ -39,12 +42,14 @@ class Config:
     start_rate: float = 1e-2     # peak learning rate
     finish_rate: float = 1e-5    # learning rate at the last step
     warmup: int = 128            # warm-up steps
-    dtype: str = "float64"       # floating-point type (the article's code computes in float64)
-    seeds: int = 3               # seeds per schedule (seed, seed + 1, ...)
+    dtype: str = "float32"       # floating-point type (float32: the loss differs from float64 by 0.1 %)
+    seeds: int = 5               # seeds of the article's schedule (seed, seed + 1, ...)
+    intended_seeds: int = 1      # seeds of the intended schedule (the first ones of the same list)
     seed: int = 0                # the first seed
 
     def __post_init__(self):
         common.check_int("seeds", self.seeds, 2)
+        common.check_int("intended_seeds", self.intended_seeds, 1, self.seeds)
         self.train_config("intended", self.seed)  # validates every field with train.Config's checks
 
     def train_config(self, schedule, seed):
@@ -57,7 +62,8 @@ def run(config: Config) -> common.Result:
     out = common.results_dir(NAME)
     seeds = range(config.seed, config.seed + config.seeds)
     fits = {(s, seed): train.fit(config.train_config(s, seed), out / f"checkpoint-{s}.npz")
-            for seed in common.progress(seeds, desc=NAME) for s in ("intended", "article")}
+            for seed in common.progress(seeds, desc=NAME) for s in ("intended", "article")
+            if s == "article" or seed < config.seed + config.intended_seeds}
     common.write_csv(out / "data.csv", [{"schedule": s, "seed": seed, **row}
                                         for (s, seed), f in fits.items() for row in f.steps])
     common.write_csv(out / "epochs.csv", [{"schedule": s, "seed": seed, **row}
@@ -68,7 +74,7 @@ def run(config: Config) -> common.Result:
                     f"Seed {config.seed}: loss per step (faint) and valid loss per epoch under both "
                     "schedules (left); the rate each schedule applied (right), with the article's "
                     "formula as it would run with a global step (dashed), which turns negative."))
-    final = {s: np.array([fits[s, seed].history[-1]["valid_loss"] for seed in seeds])
+    final = {s: np.array([fits[s, seed].history[-1]["valid_loss"] for seed in seeds if (s, seed) in fits])
              for s in ("intended", "article")}
     log_article = np.log(final["article"])
     mean, se = common.mean_se(log_article)
@@ -78,13 +84,14 @@ def run(config: Config) -> common.Result:
         f"log valid loss after {config.epochs} epochs, article's schedule ({config.seeds} seeds)",
         mean, se, math.log(ARTICLE_VALID), "the article's code: 0.0165 after 10 epochs (one run)",
         predicted_se=spread, df=df)]
-    diff = np.log(final["intended"]) - log_article
-    d_mean, d_se = common.mean_se(diff)
+    diff = np.log(final["intended"]) - log_article[:len(final["intended"])]
     headlines.append(common.shown("log valid loss, intended − article's schedule (paired by seed)",
-                                  d_mean, d_se, "no published number", "the lab's schedule against "
-                                  "the article's, same data and init"))
+                                  float(diff.mean()), float(common.mean_se(diff)[1]) if len(diff) > 1
+                                  else float("nan"), "no published number", "the lab's schedule "
+                                  "against the article's, same data and init"))
     table = [{"seed": seed, "article": fits["article", seed].history[-1]["valid_loss"],
-              "intended": fits["intended", seed].history[-1]["valid_loss"]} for seed in seeds]
+              "intended": fits["intended", seed].history[-1]["valid_loss"] if ("intended", seed) in fits
+              else ""} for seed in seeds]
     seconds = sum(f.seconds for f in fits.values())
     common.write_meta(out / "meta.json", config, seconds,
                       final_valid_loss={s: v.tolist() for s, v in final.items()},

@@ -162,7 +162,7 @@ def fit(config: Config, ckpt_path, *, on_epoch: Callable | None = None, params=N
                                                   rng=drop_rng, watch=watch)
                 if not np.isfinite(loss):
                     raise NonFiniteError(f"the loss became non-finite at step {step}; rerun with "
-                                         f"--debug true to find the layer")
+                                         f"--debug to find the layer")
                 _, grads = model.model_backward(dtype.type(1), cache, watch=watch)
                 params, adam = adam_step(params, grads, adam, rate, t=t)
                 losses.append(float(loss))
