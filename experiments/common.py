@@ -115,7 +115,8 @@ def in_interval(quantity, measured, se, lo, hi, source, *, df=None, k=K_SIGMA) -
     """Two-sided interval: lo - m se <= measured <= hi + m se (a prediction given as a range)."""
     m = t_multiplier(df, k)
     ok = lo - m * se <= measured <= hi + m * se
-    rule = f"{lo:.4g} − {m:.2f} SE ≤ measured ≤ {hi:.4g} + {m:.2f} SE (SE {se:.2g})"
+    rule = (f"{lo:.4g} − {m:.2f} SE ≤ measured ≤ {hi:.4g} + {m:.2f} SE (SE {se:.2g})" if se > 0
+            else f"{lo:.4g} ≤ measured ≤ {hi:.4g}")
     return Headline(quantity, float(measured), float(se), f"[{lo:.4g}, {hi:.4g}]", 0.0, source,
                     rule, bool(ok))
 
