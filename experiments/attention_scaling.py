@@ -367,7 +367,8 @@ def _charts(m, config, figures):
     b1.plot(sigmas, ent, "-", color="0.4", lw=2, label="measured (Gaussian logits)")
     b1.plot(sigmas, np.maximum(entropy_theory(sigmas, n, False), 0), "k--", lw=1, label="ln n − σ²/2")
     b2.plot(sigmas, mp, "-", color="0.4", lw=2, label="measured (Gaussian logits)")
-    b2.plot(sigmas, max_prob_theory(sigmas, n), "k--", lw=1,
+    small = sigmas <= top                      # the closed form's own range (it peaks at sigma = M_n)
+    b2.plot(sigmas[small], max_prob_theory(sigmas[small], n), "k--", lw=1,
             label=f"exp(σ M_n − σ²/2)/n, M_n = E max = {top:.2f}")
     for ax, key in ((b1, "entropy"), (b2, "max_prob")):
         for i, name in enumerate(SCALINGS):
@@ -380,9 +381,11 @@ def _charts(m, config, figures):
     common.label(b2, f"mean max probability, n = {n} keys", "logit std σ (unitless)", "max probability")
     common.save(fig, NAME, "freezing.png",
                 "Softmax of n Gaussian logits of std σ: the entropy follows ln n − σ²/2 at small σ "
-                "and bends away from it beyond σ ≈ 1.5; the max probability follows the closed form "
-                "placed at the expected maximum of n normals until it saturates. The points are the "
-                "attention logits of the first chart at their measured std, every width shown.", figures)
+                "and bends away from it beyond σ ≈ 1.5. The max probability follows exp(σ M_n − σ²/2)/n, "
+                "with M_n the expected maximum of n normals, only up to σ ≈ 1.5: the closed form takes "
+                "the softmax's denominator to be n e^{σ²/2}, which fails once its largest terms dominate "
+                "(drawn up to σ = M_n, its maximum). The points are the attention logits of the first "
+                "chart at their measured std, every width shown.", figures)
 
     fig, (c1, c2) = common.figure(2, width=5.6)
     s = np.array(config.grad_sigmas)
