@@ -114,7 +114,7 @@ def config_parser(name, config_cls, description="") -> Parser:
         kind = hints[field.name]
         default = field.default if field.default is not dataclasses.MISSING else field.default_factory()
         flag = "--" + field.name.replace("_", "-")
-        doc = docs.get(field.name, "")
+        doc = docs.get(field.name, "").replace("%", "%%")  # argparse formats help with %
         if kind is bool:
             parser.add_argument(flag, dest=field.name, default=default,
                                 action=argparse.BooleanOptionalAction,

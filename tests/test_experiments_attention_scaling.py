@@ -10,8 +10,8 @@ from checks.legs import normwise
 from experiments import attention_scaling as study, common
 
 TINY = study.Config(widths=(8, 32), keys=16, batch=2, draws=4, sigma_points=6, sweep_rows=200,
-                    entropy_keys=(64, 512), entropy_rows=4000, grad_keys=(16, 64),
-                    grad_sigmas=(1.0, 8.0, 16.0, 32.0), grad_rows=2000, adam_widths=(16,),
+                    entropy_keys=(64, 512), entropy_rows=1000, grad_keys=(16, 64),
+                    grad_sigmas=(1.0, 8.0, 16.0, 32.0), grad_rows=500, adam_widths=(16,),
                     adam_seeds=2, adam_steps=20, seed=3)
 
 

@@ -101,3 +101,18 @@ def test_enumerations_offer_choices_and_switches_read_as_flags(capsys):
     assert "invalid choice: 'cosine'" in err and "\n" not in err
     assert cli.main(["sqrt_d", "--trials", "many"]) == 2
     assert "invalid integer value: 'many'" in capsys.readouterr().err
+
+
+def test_the_product_cites_only_itself():
+    """No tracker items and no files outside the repository in the studies, their docs, the
+    model's oracle and the task tests (the article's facts are in docs/article.md)."""
+    import pathlib
+    import re
+    root = pathlib.Path(__file__).parents[1]
+    files = [*root.glob("experiments/*.py"), root / "reference" / "transformer.py",
+             root / "tests" / "test_tasks.py", root / "README.md",
+             *(root / "docs" / f"{name}.md" for name in ("studies", "training", "tasks", "article"))]
+    pattern = re.compile(r"SEED_SPEC|DESIGN\.md|\b[Ii]ssue \d|/work/")
+    found = [f"{path.relative_to(root)}: {line.strip()}" for path in files
+             for line in path.read_text().splitlines() if pattern.search(line)]
+    assert not found, found
