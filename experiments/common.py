@@ -149,23 +149,14 @@ def median_se(values):
     return float(np.median(a)), float((a[hi] - a[lo]) / 2)
 
 
-def fit_slope(x, y, y_se=None):
-    """Least-squares slope of y on x and its standard error: from y_se (weighted) when given,
-    else from the residuals (3+ points).  Returns (slope, se, degrees of freedom or None)."""
+def fit_slope(x, y):
+    """Least-squares slope of y on x, its standard error from the residuals, and the degrees of
+    freedom (len - 2; the SE is 0 with two points)."""
     x, y = np.asarray(x, float), np.asarray(y, float)
-    if y_se is not None:
-        w = 1 / np.asarray(y_se, float) ** 2
-        xm = (w * x).sum() / w.sum()
-        sxx = (w * (x - xm) ** 2).sum()
-        slope = (w * (x - xm) * (y - (w * y).sum() / w.sum())).sum() / sxx
-        return float(slope), float(math.sqrt(1 / sxx)), None
-    coef, cov = np.polyfit(x, y, 1, cov="unscaled" if len(x) < 3 else True)
+    if len(x) < 3:
+        return float((y[-1] - y[0]) / (x[-1] - x[0])), 0.0, 0
+    coef, cov = np.polyfit(x, y, 1, cov=True)
     return float(coef[0]), float(math.sqrt(cov[0, 0])), len(x) - 2
-
-
-def loglog_slope(x, y):
-    """Least-squares slope of log y against log x: the exponent of a power law."""
-    return fit_slope(np.log(x), np.log(y))[0]
 
 
 # --- config validation (ValueError naming the field, what was expected and what came) -----
