@@ -1,92 +1,158 @@
 """python -m experiments NAME [--option value ...] | all | list
 
-Every module of this package that defines NAME, Config and run() is a study; its Config's
-fields become command-line options.  Bad options end in one line on stderr and exit status 2.
+Every run of experiments.registry is a command; the fields of its Config are its options, with
+the field's documentation as help, the enumerations' choices, --x / --no-x for switches and the
+default shown.  ``python -m experiments NAME --help`` lists them.  Bad options end in one line on
+stderr and exit status 2.
 """
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
-import importlib
-import pkgutil
+import inspect
+import io
 import sys
+import textwrap
 import time
+import tokenize
 import typing
 
-import experiments
-
-NOT_STUDIES = {"common", "__main__"}
+from experiments import common, registry
 
 
-def studies() -> dict:
-    found = {}
-    for info in pkgutil.iter_modules(experiments.__path__):
-        if info.name in NOT_STUDIES or info.name.startswith("_"):
+class UsageError(ValueError):
+    """A bad command line: reported in one line, exit status 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line on stderr instead of argparse's usage block
+        raise UsageError(f"{self.prog}: {message} (see --help)")
+
+
+def field_docs(cls) -> dict:
+    """{field: documentation} of a dataclass and its bases: the attribute docstring under the
+    field, else the comment at the end of its line."""
+    docs = {}
+    for klass in reversed(cls.__mro__):
+        if not dataclasses.is_dataclass(klass):
             continue
-        module = importlib.import_module(f"experiments.{info.name}")
-        if all(hasattr(module, a) for a in ("NAME", "Config", "run")):
-            found[module.NAME] = module
-    return dict(sorted(found.items(), key=lambda kv: getattr(kv[1], "ORDER", 50)))
+        try:
+            source = textwrap.dedent(inspect.getsource(klass))
+        except (OSError, TypeError):
+            continue
+        comments = {t.start[0]: t.string.lstrip("#").strip()
+                    for t in tokenize.generate_tokens(io.StringIO(source).readline)
+                    if t.type == tokenize.COMMENT}                 # line -> comment text
+        body = ast.parse(source).body[0].body
+        for i, node in enumerate(body):
+            if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
+                continue
+            after = body[i + 1] if i + 1 < len(body) else None
+            if isinstance(after, ast.Expr) and isinstance(getattr(after, "value", None), ast.Constant) \
+                    and isinstance(after.value.value, str):
+                docs[node.target.id] = " ".join(after.value.value.split())
+                continue
+            if node.end_lineno in comments:
+                docs[node.target.id] = comments[node.end_lineno]
+    return docs
 
 
-def _parse_value(kind, text):
+def choices_of(config_cls, name, kind) -> tuple | None:
+    """The allowed values of an enumeration: a Literal type, or Config.CHOICES[name] (a tuple
+    or a function returning one, for registries that grow at run time, like the tasks)."""
+    if typing.get_origin(kind) is typing.Literal:
+        return typing.get_args(kind)
+    table = getattr(config_cls, "CHOICES", {}) or {}
+    if name in table:
+        values = table[name]
+        return tuple(values() if callable(values) else values)
+    return None
+
+
+def _converter(kind):
+    """Text -> value for a field's type; named, so that argparse's message says what it expected."""
     origin = typing.get_origin(kind)
-    if kind is bool:
-        if text.lower() in ("1", "true", "yes", "on"):
-            return True
-        if text.lower() in ("0", "false", "no", "off"):
-            return False
-        raise ValueError(f"expected true or false, got {text!r}")
     if origin is tuple:
-        inner = typing.get_args(kind)[0]
-        return tuple(_parse_value(inner, part) for part in text.split(",") if part)
-    if kind in (int, float, str):
-        return kind(text)
+        inner = _converter(typing.get_args(kind)[0])
+
+        def convert(text):
+            return tuple(inner(part) for part in text.split(",") if part.strip())
+        convert.__name__ = f"comma-separated {inner.__name__}s"
+        return convert
     if origin is typing.Union:  # Optional[X]
-        args = [a for a in typing.get_args(kind) if a is not type(None)]
-        return None if text.lower() == "none" else _parse_value(args[0], text)
-    return text
+        inner = _converter([a for a in typing.get_args(kind) if a is not type(None)][0])
+
+        def convert(text):
+            return None if text.lower() == "none" else inner(text)
+        convert.__name__ = inner.__name__
+        return convert
+    if origin is typing.Literal:
+        return str
+    table = {int: "integer", float: "number", str: "text"}
+    if kind in table:
+        def convert(text, kind=kind):
+            return kind(text)
+        convert.__name__ = table[kind]
+        return convert
+    return str
 
 
-def config_parser(module) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=f"python -m experiments {module.NAME}",
-                                     description=(module.__doc__ or "").strip().splitlines()[0])
-    hints = typing.get_type_hints(module.Config)
-    for field in dataclasses.fields(module.Config):
+def _show(value) -> str:
+    if isinstance(value, tuple):
+        return ",".join(map(str, value)) or '""'
+    if value == "":
+        return '""'
+    return str(value)
+
+
+def config_parser(name, config_cls, description="") -> Parser:
+    parser = Parser(prog=f"python -m experiments {name}", description=description)
+    hints = typing.get_type_hints(config_cls)
+    docs = field_docs(config_cls)
+    for field in dataclasses.fields(config_cls):
         kind = hints[field.name]
         default = field.default if field.default is not dataclasses.MISSING else field.default_factory()
-        parser.add_argument("--" + field.name.replace("_", "-"), dest=field.name, default=default,
-                            type=lambda text, kind=kind: _parse_value(kind, text),
-                            help=f"default: {default}")
+        flag = "--" + field.name.replace("_", "-")
+        doc = docs.get(field.name, "").replace("%", "%%")  # argparse formats help with %
+        if kind is bool:
+            parser.add_argument(flag, dest=field.name, default=default,
+                                action=argparse.BooleanOptionalAction,
+                                help=f"{doc} (default: {'on' if default else 'off'})")
+            continue
+        choices = choices_of(config_cls, field.name, kind)
+        parser.add_argument(flag, dest=field.name, default=default, type=_converter(kind),
+                            choices=choices, metavar=None if choices else field.name.upper(),
+                            help=f"{doc} (default: {_show(default)})")
     return parser
 
 
-def run_study(module, argv) -> object:
-    args = config_parser(module).parse_args(argv)
+def run_study(entry, argv):
+    module = registry.load(entry)
+    description = (module.__doc__ or "").strip().splitlines()[0]
+    args = config_parser(entry.name, module.Config, description).parse_args(argv)
     config = module.Config(**vars(args))
     start = time.perf_counter()
     result = module.run(config)
-    print(f"[{module.NAME}] {getattr(result, 'summary', '')}".rstrip())
-    print(f"[{module.NAME}] {time.perf_counter() - start:.1f} s, results in "
-          f"{experiments.common.results_dir(module.NAME)}")
+    print(f"[{entry.name}] {result.summary}".rstrip())
+    print(f"[{entry.name}] {time.perf_counter() - start:.1f} s, results in "
+          f"{common.results_dir(entry.name)}")
     return result
 
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    found = studies()
     if not argv or argv[0] in ("-h", "--help", "list"):
         print(__doc__.strip())
-        print("\nstudies: " + ", ".join(found) + ", all")
+        print("\nruns: " + ", ".join(e.name + ("" if e.in_all else " (not in all)")
+                                    for e in registry.ENTRIES) + ", all")
         return 0
     name, rest = argv[0], argv[1:]
     try:
         if name == "all":
-            import experiments.report as report
-            return report.run_all(found, rest)
-        if name not in found:
-            raise ValueError(f"unknown study {name!r}; choose from {', '.join(found)}, all")
-        run_study(found[name], rest)
+            from experiments import report
+            return report.run_all(registry.in_all(), rest)
+        run_study(registry.get(name), rest)
         return 0
     except (ValueError, TypeError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -14,13 +14,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+from typing import ClassVar
 
 import numpy as np
 
 from experiments import common, timing
 
 NAME = "bench"
-IN_ALL = False  # a benchmark, not a study: `python -m experiments bench` or `make bench`
 LAYER_SIZES = {"B": 64, "T": 17, "S": 16, "D": 32, "H": 4, "F": 128, "V": 12}  # the article's
 # Training-step sizes: the article's, and a larger one (B batch, T tokens per sequence).
 STEP_SIZES = {"article": dict(B=64, T=16, D=32, H=4, F=128, V=12),
@@ -29,15 +29,16 @@ STEP_SIZES = {"article": dict(B=64, T=16, D=32, H=4, F=128, V=12),
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-    backend: str = "numpy"      # numpy or cupy
-    repeats: int = 30
-    warmup: int = 5
+    CHOICES: ClassVar[dict] = {"backend": ("numpy", "cupy"), "dtype": ("float32", "float64")}
+    backend: str = "numpy"      # array library the lab's kernels run on
+    repeats: int = 30           # timed repeats of each candidate (the median is reported)
+    warmup: int = 5             # untimed runs before timing
     threads: int = 1            # BLAS threads for the lab's kernels (training's setting); 0 = default
     sizes: tuple[str, ...] = ("article", "large")  # training-step sizes to time
-    dtype: str = "float32"
+    dtype: str = "float32"      # floating-point type of the timed steps
     layers: bool = True         # also time every layer on its own
     extras: bool = True         # also time a whole-model gradient check and the sqrt(d) study
-    seed: int = 0
+    seed: int = 0               # seed of the inputs and parameters
 
     def __post_init__(self):
         if self.backend not in ("numpy", "cupy"):
@@ -51,13 +52,6 @@ class Config:
             raise ValueError(f"sizes: expected names from {sorted(STEP_SIZES)}, got {unknown}")
         if self.dtype not in ("float32", "float64"):
             raise ValueError(f"dtype: expected float32 or float64, got {self.dtype!r}")
-
-
-@dataclasses.dataclass
-class Result:
-    rows: list
-    summary: str
-    headlines: list
 
 
 def array_module(backend):
@@ -197,7 +191,7 @@ def format_rows(rows) -> str:
     return "\n".join(lines)
 
 
-def run(config: Config) -> Result:
+def run(config: Config) -> common.Result:
     start = time.perf_counter()
     xp = array_module(config.backend)
     rows = []
@@ -225,4 +219,4 @@ def run(config: Config) -> Result:
     steps = [r for r in rows if r["what"].startswith("training step")]
     summary = "; ".join(f"{r['what'].split(',')[1].split()[0]} step lab/jax {r['ratio']:.2f}"
                         for r in steps)
-    return Result(rows, f"{summary}; matmul ceiling {ceiling / 1e9:.1f} GFLOP/s", [])
+    return common.Result(f"{summary}; matmul ceiling {ceiling / 1e9:.1f} GFLOP/s", rows=rows)

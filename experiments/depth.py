@@ -2,11 +2,24 @@
 
 Stacks of L = 1...24 blocks built from the lab's kernels (mha, ff, rms_norm), in the variants
 {pre-norm, post-norm, no norm} x {residual, no residual}, plus pure attention (no norm, no
-residual, no feed-forward).  Measured per layer l: the activation mean-square |x_l|^2 / d against
-Xiong et al. 2020, Lemma 2 (pre-norm: 1 + l/2 <= E|x_l|^2/d <= 1 + 3l/2; post-norm: 1); the
-gradient norms from the hand backward (Theorem 1: pre-norm's last-layer gradient shrinks as
-1/sqrt(L), post-norm's does not); the mean cosine similarity between tokens (rank collapse,
-Dong et al. 2021: pure attention collapses in a few layers, residuals prevent it).
+residual, no feed-forward), over independent trials (weights and inputs).
+
+Activations (Xiong et al. 2020, Lemma 2).  The lemma's band 1 + l/2 <= E|x_l|^2/d <= 1 + 3l/2 for
+pre-norm is drawn, not tested: it follows from each sublayer adding a mean square between 1/2
+and 3/2, so it holds almost by construction.  The sharper prediction is the feed-forward
+sublayer's own increment: its input u is normalised (mean square 1), W1 is independent of it, so
+u W1 is N(0, 1) per unit, the leaky ReLU (slope a = 0.1) keeps E[h^2] = (1 + a^2)/2, and W2
+(variance 1/F) passes that mean square on, while the cross term x.FF(u) has mean zero: every
+feed-forward sublayer adds exactly (1 + a^2)/2 = 0.505 to |x|^2/d.  Post-norm: Xiong et al. speak
+of x + F(x) before the norm (the norm's own output is 1 by construction); at a feed-forward
+sublayer its mean square is predicted to be 1 + 0.505.
+
+Gradients (Theorem 1).  Pre-norm's last block sees the read-out's gradient through the final norm,
+which divides by the root mean square of x_L: its |dW2| is predicted to scale as ms_L^(-1/2),
+i.e. the exponent of |dW2| against L is minus half that of the measured ms_L (Theorem 1's
+O(1/sqrt(L)) is the limit where ms_L grows linearly).  Post-norm's last block is predicted
+independent of L.  Rank collapse (the mean cosine between tokens) is drawn for every variant; its
+rate is the rank_collapse study's subject.
 
 Init (stated, as Xiong's lemma assumes Xavier-like weights): every weight N(0, 1/fan_in) -- W_Q,
 W_K, W_V (P x P) variance 1/P, W_O 1/D, W1 1/D, W2 1/F -- and zero biases; for the square
@@ -22,27 +35,26 @@ import math
 import numpy as np
 
 import kernels
-from experiments import common, studykit as kit
+from experiments import common
 
 NAME = "depth"
-ORDER = 30
 VARIANTS = [("pre", True), ("post", True), ("none", True), ("pre", False), ("post", False),
             ("none", False), ("attention only", False)]
 
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-    width: int = 64
-    heads: int = 4
-    tokens: int = 16
-    batch: int = 4
-    max_depth: int = 24
-    grad_depths: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16, 24)
-    trials: int = 4
-    seed: int = 0
+    width: int = 64               # D, the model width
+    heads: int = 4                # H, attention heads
+    tokens: int = 16              # T, tokens per sequence
+    batch: int = 2                # sequences per trial
+    max_depth: int = 24           # blocks in the deepest stack
+    grad_depths: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16, 24)  # depths L whose last-block gradient is taken
+    trials: int = 16              # independent trials (weights and inputs)
+    seed: int = 0                 # seed of every draw
 
     def __post_init__(self):
-        kit.validate(self, ints={"width": 2, "heads": 1, "tokens": 2, "batch": 1, "max_depth": 1,
+        common.validate(self, ints={"width": 2, "heads": 1, "tokens": 2, "batch": 1, "max_depth": 1,
                                  "trials": 1, "seed": 0},
                      tuples={"grad_depths": (1, self.max_depth)})
         if self.width % self.heads:
@@ -110,14 +122,20 @@ def token_cosine(x):
     return float(((g.sum(axis=(1, 2)) - T) / (T * (T - 1))).mean())
 
 
-def stack_forward(x, blocks, norm, res):
+def stack_forward(x, blocks, norm, res, trace=None):
     """x (B, T, D) through every block: the states after each block (L + 1 of them, x first) and
-    the caches of every sublayer in order."""
+    the caches of every sublayer in order.  trace, a list, receives per feed-forward sublayer
+    (|x|^2/d before it, |x + FF|^2/d before any post-norm)."""
     states, caches = [x], []
     for block in blocks:
         for layer in block:
+            before = x
             x, cache = sublayer_forward(x, layer, norm, res)
             caches.append(cache)
+            if trace is not None and layer[0] is kernels.ff_forward and res:
+                y = layer[0](kernels.rms_norm_forward(before, {})[0] if norm == "pre" else before,
+                             layer[2])[0]                          # (B, T, D) FF's own output
+                trace.append((mean_square(before), mean_square(before + y)))
         states.append(x)
     return states, caches
 
@@ -153,7 +171,8 @@ def one_trial(rng, config, variant):
     blocks, norm, res = make_stack(rng, config, variant)
     x = rng.standard_normal((config.batch, config.tokens, config.width))  # (B, T, D) tokens N(0, 1)
     g = rng.standard_normal(x.shape)                                       # (B, T, D) read-out
-    states, caches = stack_forward(x, blocks, norm, res)
+    trace = []
+    states, caches = stack_forward(x, blocks, norm, res, trace)
     grad_last, grad_layers = {}, None
     for L in sorted(set(config.grad_depths) | {config.max_depth}):
         _, grads = stack_backward(g, blocks, states, caches, norm, res, L)
@@ -164,7 +183,8 @@ def one_trial(rng, config, variant):
                                                   for v in sub.values())) for block in grads])  # (L,)
     return (np.array([mean_square(s) for s in states]),         # (max_depth + 1,)
             np.array([token_cosine(s) for s in states]),        # (max_depth + 1,)
-            grad_layers, np.array([grad_last[L] for L in config.grad_depths]))  # (max_depth,), (Ls,)
+            grad_layers, np.array([grad_last[L] for L in config.grad_depths]),  # (max_depth,), (Ls,)
+            np.array(trace).reshape(-1, 2))                         # (FF sublayers, 2)
 
 
 def xiong_band(l):
@@ -183,54 +203,58 @@ def measure(config):
         se = (lambda a: a.std(axis=0, ddof=1) / math.sqrt(len(a))) if config.trials > 1 \
             else (lambda a: np.zeros(a.shape[1:]))
         out[variant] = {k: (a.mean(axis=0), se(a)) for k, a in
-                        zip(("ms", "cos", "grad_layers", "grad_last"), stacked)}
+                        zip(("ms", "cos", "grad_layers", "grad_last"), stacked[:4])}
+        out[variant]["trials"] = {k: a for k, a in zip(("ms", "cos", "grad_layers", "grad_last", "ff"),
+                                                       stacked)}       # per trial, for the tests
     return out
 
 
+FF_INCREMENT = (1 + 0.1 ** 2) / 2  # E[leaky_relu(z)^2], z ~ N(0, 1), slope 0.1
+
+
+def _slopes(logL, y):
+    """Per trial, the least-squares slope of log y against log L: (trials,)."""
+    return np.array([common.fit_slope(logL, np.log(row))[0] for row in y])
+
+
 def _headlines(m, config):
-    heads = []
-    l = np.arange(config.max_depth + 1)                        # (L+1,)
-    lo, hi = xiong_band(l)
-    ms, se = m[("pre", True)]["ms"]
-    inside = bool(np.all((ms >= lo - 3 * se) & (ms <= hi + 3 * se)))
-    heads.append(kit.headline(f"pre-norm |x_l|^2/d at l = {config.max_depth} (and every l inside the band ± 3 SE)",
-                              ms[-1], f"[{lo[-1]:g}, {hi[-1]:g}]; band 1 + l/2 … 1 + 3l/2",
-                              "Xiong et al. 2020, Lemma 2", inside))
-    ms, _ = m[("post", True)]["ms"]
-    spread = float(np.abs(ms[1:] - 1).max())
-    heads.append(kit.headline("post-norm max_l | |x_l|^2/d - 1 |", spread, "~0 (flat; eps 1e-8 only)",
-                              "Xiong et al. 2020, Lemma 2", spread < 1e-6))
+    heads, df = [], config.trials - 1
+    pre, post = m[("pre", True)]["trials"], m[("post", True)]["trials"]
+    inc = (pre["ff"][:, :, 1] - pre["ff"][:, :, 0]).mean(axis=1)          # (trials,) mean FF increment
+    heads.append(common.test("pre-norm: |x|²/d added by each feed-forward sublayer", *common.mean_se(inc),
+                             FF_INCREMENT, "(1 + a²)/2 for the leaky ReLU, a = 0.1 (exact, zero-mean "
+                             "cross term); Xiong et al. 2020, Lemma 2's mechanism", df=df))
+    before = post["ff"][:, :, 1].mean(axis=1)                              # (trials,)
+    heads.append(common.test("post-norm: |x + FF(x)|²/d before the norm", *common.mean_se(before),
+                             1 + FF_INCREMENT, "1 + (1 + a²)/2 (Xiong et al. 2020 use x + F(x) before "
+                             "the norm)", df=df))
     Ls = np.array(config.grad_depths, float)
-    if len(Ls) >= 2:
-        deep = Ls >= 4 if (Ls >= 4).sum() >= 2 else Ls > 0       # the asymptotic end of the range
-        pre = kit.loglog_slope(Ls[deep], m[("pre", True)]["grad_last"][0][deep])
-        # Between Lemma 2's bounds the final norm divides by sqrt(1 + cL), c in [1/2, 3/2]: over
-        # L = 4..24 that is a slope between -0.41 and -0.47, tending to -1/2; accept [-0.6, -0.3].
-        heads.append(kit.headline("exponent of pre-norm last-layer |dW2| vs L", pre, -0.5,
-                                  "Xiong et al. 2020, Theorem 1 (O(1/sqrt(L)))", -0.6 <= pre <= -0.3))
-        post = kit.loglog_slope(Ls, m[("post", True)]["grad_last"][0])
-        heads.append(kit.headline("exponent of post-norm last-layer |dW2| vs L", post, 0.0,
-                                  "Xiong et al. 2020, Theorem 1 (independent of L)", abs(post) <= 0.1))
-    # "Collapsed" = mean token cosine above 0.99 (tokens within 8 degrees of one direction).
-    pure = m[("attention only", False)]["cos"][0]
-    first = int(np.argmax(pure > 0.99)) if (pure > 0.99).any() else -1
-    heads.append(kit.headline("layers until pure attention collapses (token cosine > 0.99)", first,
-                              "a few", "Dong et al. 2021", 0 < first <= 4))
-    resid = m[("pre", True)]["cos"][0]
-    heads.append(kit.headline(f"token cosine, pre-norm residual stack, after {config.max_depth} layers",
-                              resid[-1], "< 0.99 (not collapsed)", "Dong et al. 2021", resid[-1] < 0.99))
+    deep = Ls >= 4 if (Ls >= 4).sum() >= 2 else Ls > 0                   # the asymptotic end
+    if deep.sum() >= 2:
+        logL = np.log(Ls[deep])
+        grad = _slopes(logL, pre["grad_last"][:, deep])                     # (trials,)
+        ms_L = pre["ms"][:, np.array(config.grad_depths)[deep]]            # (trials, Ls) x_L's ms
+        predicted = -0.5 * _slopes(logL, ms_L)
+        heads.append(common.test(f"pre-norm: exponent of the last block's |dW2| against L "
+                                 f"(L = {int(Ls[deep][0])}…{int(Ls[deep][-1])})", *common.mean_se(grad),
+                                 float(predicted.mean()), "−½ × exponent of the measured ms_L (the final "
+                                 "norm); Xiong et al. 2020, Theorem 1: → −1/2",
+                                 predicted_se=float(common.mean_se(predicted)[1]), df=df))
+        heads.append(common.test("post-norm: exponent of the last block's |dW2| against L",
+                                 *common.mean_se(_slopes(np.log(Ls), post["grad_last"])), 0.0,
+                                 "Xiong et al. 2020, Theorem 1 (independent of L)", df=df))
     return heads
 
 
 def _charts(m, config, figures):
     l = np.arange(config.max_depth + 1)                        # (L+1,)
     lo, hi = xiong_band(l)
-    fig, (a1, a2) = kit.figure(2, width=5.6)
+    fig, (a1, a2) = common.figure(2, width=5.6)
     for i, v in enumerate(VARIANTS):
         a1.plot(l, m[v]["ms"][0], "o-" if v[1] else "s:", color=f"C{i}", ms=3, lw=1, label=label_of(v))
     a1.fill_between(l, lo, hi, color="C0", alpha=0.15, label="Xiong Lemma 2 band (pre-norm)")
     a1.axhline(1, color="C1", ls="--", lw=1, label="post-norm theory: 1")
-    kit.label(a1, "activation mean-square through depth", "layer l",
+    common.label(a1, "activation mean-square through depth", "layer l",
               "|x_l|²/d (input units²)", logy=True)
     for i, v in enumerate(VARIANTS[:2]):  # no-norm residual (geometric) is on the log panel
         mean, se = m[v]["ms"]
@@ -238,13 +262,14 @@ def _charts(m, config, figures):
                     label=label_of(v))
     a2.fill_between(l, lo, hi, color="C0", alpha=0.15, label="1 + l/2 … 1 + 3l/2")
     a2.set_ylim(0.5, 2 * hi[-1])
-    kit.label(a2, "pre- and post-norm residual, linear scale (±3 SE)", "layer l", "|x_l|²/d (input units²)")
-    kit.save(fig, NAME, "activations.png",
-             "Mean-square activation per layer: pre-norm grows linearly inside Xiong's band, "
-             "post-norm is pinned at 1, no-norm residual stacks grow geometrically and no-residual "
-             "stacks without norm shrink geometrically.", figures)
+    common.label(a2, "pre- and post-norm residual, linear scale (±3 SE)", "layer l", "|x_l|²/d (input units²)")
+    common.save(fig, NAME, "activations.png",
+                "Mean-square activation per layer: pre-norm grows linearly inside Xiong's band (drawn "
+                "for reference: it holds by construction), post-norm's output is pinned at 1 by its "
+                "norm, no-norm residual stacks grow geometrically and no-residual stacks without norm "
+                "shrink geometrically.", figures)
 
-    fig, (b1, b2) = kit.figure(2, width=5.6)
+    fig, (b1, b2) = common.figure(2, width=5.6)
     Ls = np.array(config.grad_depths, float)
     for i, v in enumerate(VARIANTS):
         if v[0] in ("none", "attention only"):
@@ -256,26 +281,35 @@ def _charts(m, config, figures):
                   label=label_of(v))
     pre = m[("pre", True)]["grad_last"][0]
     b2.loglog(Ls, pre[0] * np.sqrt(Ls[0] / Ls), "k--", lw=1, label="∝ 1/sqrt(L) (Theorem 1)")
-    kit.label(b1, f"gradient norm per block, stack of L = {config.max_depth}", "block l",
+    common.label(b1, f"gradient norm per block, stack of L = {config.max_depth}", "block l",
               "‖∂loss/∂θ_l‖ (loss units)")
-    kit.label(b2, "last block's |∂loss/∂W2| vs depth", "stack depth L", "‖∂loss/∂W2‖_F (loss units)")
-    kit.save(fig, NAME, "gradients.png",
-             "Gradient norms from the hand backward with a random read-out: pre-norm gives every "
-             "block a similar gradient that shrinks as 1/sqrt(L) with depth (Xiong Theorem 1); "
-             "post-norm's last-block gradient does not depend on L. The no-norm stacks (off this "
-             "scale, growing or decaying geometrically) are in data.csv.", figures)
+    common.label(b2, "last block's |∂loss/∂W2| vs depth", "stack depth L", "‖∂loss/∂W2‖_F (loss units)")
+    blocks = {v: m[v]["grad_layers"][0] for v in (("pre", True), ("post", True))}
+    fall = {v: b[0] / b[-1] for v, b in blocks.items()}
+    common.save(fig, NAME, "gradients.png",
+                "Gradient norms from the hand backward with a random read-out (read-out units). Left: "
+                f"per block of the deepest stack; the first block's gradient is {fall['pre', True]:.2g}× "
+                f"the last block's in pre-norm and {fall['post', True]:.2g}× in post-norm. Right: the "
+                "last block's |dW2| against the stack depth: pre-norm's falls, close to 1/sqrt(L) "
+                "(Theorem 1), post-norm's is flat. The no-norm stacks (off this scale, growing or "
+                "decaying geometrically) are in data.csv.", figures)
 
-    fig, (c1,) = kit.figure(1, width=6.4)
+    fig, (c1,) = common.figure(1, width=6.4)
     for i, v in enumerate(VARIANTS):
         c1.plot(l, m[v]["cos"][0], "o-" if v[1] else "s:", color=f"C{i}", ms=3, lw=1,
                 label=label_of(v))
     c1.axhline(1, color="k", ls="--", lw=1, label="rank one (all tokens parallel)")
     c1.set_ylim(-0.05, 1.05)
-    kit.label(c1, "rank collapse: mean cosine between tokens", "layer l", "mean token cosine (unitless)")
-    kit.save(fig, NAME, "rank_collapse.png",
-             "Mean pairwise cosine between the tokens of a sequence: without residuals the tokens "
-             "become parallel within a few layers (Dong et al. 2021); residual stacks keep them apart.",
-             figures)
+    common.label(c1, "rank collapse: mean cosine between tokens", "layer l", "mean token cosine (unitless)")
+    merged = [label_of(v) for v in VARIANTS if v[1] and m[v]["cos"][0][-1] > 0.99]
+    apart = [label_of(v) for v in VARIANTS if v[1] and m[v]["cos"][0][-1] <= 0.99]
+    common.save(fig, NAME, "rank_collapse.png",
+                "Mean pairwise cosine between the tokens of a sequence: without residuals the tokens "
+                "become parallel within a few layers (Dong et al. 2021). With residuals, after "
+                f"{config.max_depth} layers: " + (f"{', '.join(merged)} reach a cosine above 0.99; "
+                                                  if merged else "") +
+                (f"{', '.join(apart)} stay below it." if apart else "none stays below 0.99."),
+                figures)
 
 
 def _rows(m, config):
@@ -290,6 +324,20 @@ def _rows(m, config):
     return rows
 
 
-def run(config: Config) -> kit.Result:
-    return kit.conduct(NAME, config, measure, _headlines, _charts, _rows,
+def _tables(m, config):
+    l = np.arange(config.max_depth + 1)
+    lo, hi = xiong_band(l)
+    rows = [{"l": int(i), "pre-norm |x_l|²/d": f"{m[('pre', True)]['ms'][0][i]:.4g} ± {m[('pre', True)]['ms'][1][i]:.2g}",
+             "Lemma 2 band": f"[{lo[i]:g}, {hi[i]:g}]",
+             "token cosine, pre / post / no norm (residual)": " / ".join(
+                 f"{m[(n, True)]['cos'][0][i]:.3f}" for n in ("pre", "post", "none"))}
+            for i in l if i in (0, 1, 2, 4, 8, 12, 16, 24) or i == config.max_depth]
+    grads = [{"L": L, "pre-norm last |dW2|": f"{m[('pre', True)]['grad_last'][0][j]:.4g} ± {m[('pre', True)]['grad_last'][1][j]:.2g}",
+              "post-norm last |dW2|": f"{m[('post', True)]['grad_last'][0][j]:.4g} ± {m[('post', True)]['grad_last'][1][j]:.2g}"}
+             for j, L in enumerate(config.grad_depths)]
+    return [(f"per layer ({config.trials} trials, ± SE)", rows), ("last block's gradient per depth", grads)]
+
+
+def run(config: Config) -> common.Result:
+    return common.conduct(NAME, config, measure, _headlines, _charts, _rows, tables=_tables,
                        meta=lambda m: {"init": "every weight N(0, 1/fan_in), biases 0"})

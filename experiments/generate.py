@@ -17,12 +17,11 @@ from experiments.train import answer, format_answers
 from kernels import model
 
 NAME = "generate"
-ORDER = 70  # after train, whose checkpoint it reads by default
 
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-    checkpoint: str = ""   # default: the train study's checkpoint under the results folder
+    checkpoint: str = ""  # checkpoint to answer with; "" = the train run's, under the results folder
     requests: str = ""    # digits separated by spaces or commas, requests by ';'; "" = the nine
     max_new: int = 0      # decoder steps at most; 0 = request length + 1 (the digits and Finish)
     pad: int = -1         # id written after a sequence's Finish; -1 = Finish
@@ -69,12 +68,6 @@ def run(config: Config):
     summary = (f"{len(src)} requests, {gen.steps} decoder steps (max {config.max_new or src.shape[1] + 1})"
                f"{graded}, checkpoint after epoch {saved.epoch}\n{text}")
     headlines = [] if n_ok is None else [common.Headline(
-        "correct answers", n_ok, len(src), f"the {task} task's target", n_ok == len(src))]
-    return Result(summary, headlines, gen.tokens)
-
-
-@dataclasses.dataclass
-class Result:
-    summary: str
-    headlines: list
-    tokens: object
+        "correct answers", n_ok, float("nan"), len(src), 0.0, f"the {task} task's target",
+        "every request answered exactly (a count, no sampling error)", n_ok == len(src))]
+    return common.Result(summary, headlines, extra={"tokens": gen.tokens})

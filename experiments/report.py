@@ -1,9 +1,11 @@
-"""python -m experiments all: run every study at its defaults and write results/report.html.
+"""python -m experiments all: run every study of the registry marked for ``all`` at its defaults
+and write results/report.html.
 
-A study takes part unless its module sets ``IN_ALL = False``.  A study that fails is reported
-(its traceback's last lines on the page, a line on stderr) and the others still run; the exit
-status is then 1.  The page is self-contained: the charts are embedded as base64 PNG, each with
-its caption, followed by the study's headline table (measured vs published or expected).
+A study that fails is reported (its traceback's last lines on the page, a line on stderr) and the
+others still run; the exit status is then 1.  The page is self-contained: at the top, one sentence
+per headline saying what was reproduced and what was not; then per study its protocol in prose,
+its headline tests (prediction ± its uncertainty, measurement ± SE, the rule), its per-size
+tables and its charts (embedded PNG) with their captions.
 """
 from __future__ import annotations
 
@@ -14,58 +16,58 @@ import sys
 import time
 import traceback
 
-from experiments import common
+from experiments import common, registry
 
-STYLE = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
+STYLE = """body{font-family:system-ui,sans-serif;max-width:1150px;margin:2em auto;padding:0 1em;color:#222}
 h1{font-size:1.6em}h2{border-bottom:1px solid #ccc;padding-bottom:.2em;margin-top:2em}
-table{border-collapse:collapse;margin:1em 0;font-size:.9em}td,th{border:1px solid #ccc;padding:.3em .6em;text-align:left}
-th{background:#f3f3f3}.yes{color:#17702b;font-weight:bold}.no{color:#b00020;font-weight:bold}
+table{border-collapse:collapse;margin:1em 0;font-size:.85em}td,th{border:1px solid #ccc;padding:.25em .5em;text-align:left;vertical-align:top}
+th{background:#f3f3f3}.yes{color:#17702b;font-weight:bold}.no{color:#b00020;font-weight:bold}.shown{color:#555}
 figure{margin:1.5em 0}img{max-width:100%}figcaption{font-size:.9em;color:#444;margin-top:.3em}
-pre{background:#f7f7f7;padding:.6em;overflow-x:auto;font-size:.8em}"""
+pre{background:#f7f7f7;padding:.6em;overflow-x:auto;font-size:.8em}ul.summary li{margin:.2em 0}"""
+VERDICT = {True: ("yes", "reproduced"), False: ("no", "not reproduced"), None: ("shown", "shown")}
 
 
 class Outcome:
     """What one study's run left behind: its result or its error, and its run time."""
 
-    def __init__(self, module, result=None, error=None, seconds=0.0):
-        self.module, self.result, self.error, self.seconds = module, result, error, seconds
+    def __init__(self, entry, module=None, result=None, error=None, seconds=0.0):
+        self.entry, self.module, self.result, self.error, self.seconds = entry, module, result, error, seconds
 
     @property
     def name(self):
-        return self.module.NAME
+        return self.entry.name
+
+    @property
+    def headlines(self):
+        return list(self.result.headlines) if self.result is not None else []
 
 
-def selected(found: dict) -> list:
-    """The studies that take part in `all`, in discovery order."""
-    return [module for module in found.values() if getattr(module, "IN_ALL", True)]
-
-
-def run_one(module) -> Outcome:
+def run_one(entry) -> Outcome:
     start = time.perf_counter()
+    module = None
     try:
+        module = registry.load(entry)
         result = module.run(module.Config())
     except Exception:  # noqa: BLE001 - any study failure is reported, the others still run
         lines = traceback.format_exc().strip().splitlines()
-        return Outcome(module, error="\n".join(lines[-12:]), seconds=time.perf_counter() - start)
-    return Outcome(module, result=result, seconds=time.perf_counter() - start)
+        return Outcome(entry, module, error="\n".join(lines[-12:]), seconds=time.perf_counter() - start)
+    return Outcome(entry, module, result=result, seconds=time.perf_counter() - start)
 
 
-def run_all(found: dict, argv) -> int:
+def run_all(entries, argv) -> int:
     if argv:
         raise ValueError(f"all: expected no options (each study runs at its defaults), got {' '.join(argv)}")
-    modules = selected(found)
     outcomes, start = [], time.perf_counter()
     try:
-        for i, module in enumerate(modules, 1):
-            print(f"[all {i}/{len(modules)}] {module.NAME} ...", flush=True)
-            outcome = run_one(module)
+        for i, entry in enumerate(entries, 1):
+            print(f"[all {i}/{len(entries)}] {entry.name} ...", flush=True)
+            outcome = run_one(entry)
             outcomes.append(outcome)
-            print(f"[all {i}/{len(modules)}] {status_line(outcome)}", flush=True)
-            summary = str(getattr(outcome.result, "summary", "") or "")
-            if summary:
-                print("\n".join(f"    {line}" for line in summary.splitlines()), flush=True)
+            print(f"[all {i}/{len(entries)}] {status_line(outcome)}", flush=True)
+            if outcome.result is not None and outcome.result.summary:
+                print("\n".join(f"    {line}" for line in outcome.result.summary.splitlines()), flush=True)
             if outcome.error:
-                print(f"[all] {module.NAME} failed:\n{outcome.error}", file=sys.stderr, flush=True)
+                print(f"[all] {entry.name} failed:\n{outcome.error}", file=sys.stderr, flush=True)
     finally:  # an interrupted run still leaves a page for what finished
         path = write_report(outcomes, time.perf_counter() - start)
         print(f"[all] {len(outcomes)} studies in {time.perf_counter() - start:.1f} s, "
@@ -73,64 +75,95 @@ def run_all(found: dict, argv) -> int:
     return 1 if any(o.error for o in outcomes) else 0
 
 
+def counts(heads) -> str:
+    judged = [h for h in heads if h.agrees is not None]
+    shown = len(heads) - len(judged)
+    return (f"{sum(h.agrees for h in judged)}/{len(judged)} reproduced"
+            + (f", {shown} shown" if shown else ""))
+
+
 def status_line(outcome) -> str:
     if outcome.error:
         return f"{outcome.name} FAILED after {outcome.seconds:.1f} s"
-    heads = list(getattr(outcome.result, "headlines", []) or [])
-    agree = sum(bool(field(h, "agrees")) for h in heads)
-    return f"{outcome.name} done in {outcome.seconds:.1f} s ({agree}/{len(heads)} headlines agree)"
+    return f"{outcome.name} done in {outcome.seconds:.1f} s ({counts(outcome.headlines)})"
 
 
 # --- the page ----------------------------------------------------------------------------------
 
-def figures_of(outcome) -> list:
-    """[(path, caption)]: what the study returned, else every PNG in its results folder."""
-    figures = getattr(outcome.result, "figures", None)
-    if figures:  # (path, caption) pairs, or bare paths captioned by their names
-        pairs = [f if isinstance(f, (tuple, list)) else (f, pathlib.Path(f).stem.replace("_", " "))
-                 for f in figures]
-        return [(pathlib.Path(path), str(caption)) for path, caption in pairs]
-    folder = common.RESULTS / outcome.name
-    return [(path, path.stem.replace("_", " ")) for path in sorted(folder.glob("*.png"))]
-
-
-def _number(value) -> str:
+def _num(value, digits=5) -> str:
     if isinstance(value, float):
-        return f"{value:.6g}"
+        return f"{value:.{digits}g}"
     return html.escape(str(value))
 
 
-def field(headline, key):
-    """A headline's field, whether it is a common.Headline or a plain dict."""
-    return headline.get(key, "") if isinstance(headline, dict) else getattr(headline, key, "")
+def _pm(value, se) -> str:
+    text = _num(value)
+    if isinstance(se, float) and se == se and se > 0:
+        text += f" ± {se:.2g}"
+    return text
 
 
 def headline_table(heads) -> str:
     if not heads:
         return "<p>No headline comparison.</p>"
-    rows = "".join(
-        f"<tr><td>{html.escape(str(field(h, 'quantity')))}</td><td>{_number(field(h, 'measured'))}</td>"
-        f"<td>{_number(field(h, 'expected'))}</td><td>{html.escape(str(field(h, 'source')))}</td>"
-        f"<td class='{'yes' if field(h, 'agrees') else 'no'}'>{'yes' if field(h, 'agrees') else 'no'}</td></tr>"
-        for h in heads)
-    return ("<table><tr><th>quantity</th><th>measured</th><th>published / expected</th>"
-            f"<th>source</th><th>agrees</th></tr>{rows}</table>")
+    rows = []
+    for h in heads:
+        css, word = VERDICT[h.agrees]
+        rows.append(f"<tr><td>{html.escape(h.quantity)}</td><td>{_pm(h.predicted, h.predicted_se)}</td>"
+                    f"<td>{_pm(h.measured, h.measured_se)}</td><td>{html.escape(h.rule)}</td>"
+                    f"<td>{html.escape(h.source)}</td><td>{html.escape(h.kind)}</td>"
+                    f"<td class='{css}'>{word}</td></tr>")
+    return ("<table><tr><th>quantity</th><th>predicted (± its uncertainty)</th><th>measured ± SE</th>"
+            "<th>rule</th><th>source of the prediction</th><th>kind</th><th>verdict</th></tr>"
+            + "".join(rows) + "</table>")
+
+
+def html_table(title, rows) -> str:
+    """A list of dicts as an HTML table (columns: the union of the keys, first-seen order)."""
+    if not rows:
+        return ""
+    columns = list(dict.fromkeys(key for row in rows for key in row))
+    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in columns)
+    body = "".join("<tr>" + "".join(f"<td>{_num(row.get(c, ''))}</td>" for c in columns) + "</tr>"
+                   for row in rows)
+    return f"<h3>{html.escape(title)}</h3><table><tr>{head}</tr>{body}</table>"
+
+
+def prose(text) -> str:
+    """A docstring as paragraphs (blank lines separate them; '*' or '-' lines become lists)."""
+    out = []
+    for block in text.strip().split("\n\n"):
+        lines = [line.strip() for line in block.strip().splitlines()]
+        if lines and lines[0][:2] in ("* ", "- "):
+            items, current = [], []
+            for line in lines:
+                if line[:2] in ("* ", "- ") and current:
+                    items.append(" ".join(current))
+                    current = []
+                current.append(line[2:] if line[:2] in ("* ", "- ") else line)
+            items.append(" ".join(current))
+            out.append("<ul>" + "".join(f"<li>{html.escape(i)}</li>" for i in items) + "</ul>")
+        else:
+            out.append(f"<p>{html.escape(' '.join(lines))}</p>")
+    return "\n".join(out)
 
 
 def study_section(outcome) -> str:
-    module = outcome.module
-    doc = html.escape((module.__doc__ or "").strip())
-    parts = [f"<h2 id='{outcome.name}'>{html.escape(outcome.name)}</h2>", f"<pre>{doc}</pre>",
+    doc = (outcome.result.protocol if outcome.result is not None and outcome.result.protocol
+           else (outcome.module.__doc__ if outcome.module is not None else "") or "")
+    parts = [f"<h2 id='{outcome.name}'>{html.escape(outcome.name)}</h2>", prose(doc),
              f"<p>Command: <code>python -m experiments {html.escape(outcome.name)}</code> — "
              f"{outcome.seconds:.1f} s.</p>"]
     if outcome.error:
         parts.append(f"<p class='no'>This study failed.</p><pre>{html.escape(outcome.error)}</pre>")
         return "\n".join(parts)
-    parts.append(headline_table(list(getattr(outcome.result, "headlines", []) or [])))
-    summary = getattr(outcome.result, "summary", "")
-    if summary:
-        parts.append(f"<pre>{html.escape(str(summary))}</pre>")
-    for path, caption in figures_of(outcome):
+    result = outcome.result
+    parts.append(headline_table(result.headlines))
+    parts += [html_table(title, rows) for title, rows in result.tables]
+    if result.summary:
+        parts.append(f"<pre>{html.escape(result.summary)}</pre>")
+    for path, caption in result.figures:
+        path = pathlib.Path(path)
         if path.exists():
             data = base64.b64encode(path.read_bytes()).decode()
             parts.append(f"<figure><img alt='{html.escape(path.name)}' src='data:image/png;base64,{data}'>"
@@ -138,17 +171,33 @@ def study_section(outcome) -> str:
     return "\n".join(parts)
 
 
+def summary_list(outcomes) -> str:
+    items = []
+    for o in outcomes:
+        if o.error:
+            items.append(f"<li class='no'>{html.escape(o.name)}: the study failed (below).</li>")
+        for h in o.headlines:
+            css, _ = VERDICT[h.agrees]
+            items.append(f"<li><a href='#{o.name}'>{html.escape(o.name)}</a>: "
+                         f"<span class='{css}'>{html.escape(h.sentence())}</span></li>")
+    return "<ul class='summary'>" + "".join(items) + "</ul>"
+
+
 def write_report(outcomes, seconds) -> pathlib.Path:
-    summary_rows = "".join(
+    heads = [h for o in outcomes for h in o.headlines]
+    overview = "".join(
         f"<tr><td><a href='#{o.name}'>{html.escape(o.name)}</a></td><td>{o.seconds:.1f} s</td>"
         f"<td class='{'no' if o.error else 'yes'}'>{'failed' if o.error else 'ok'}</td>"
-        f"<td>{html.escape(status_line(o).split('(', 1)[-1].rstrip(')') if not o.error else '')}</td></tr>"
-        for o in outcomes)
+        f"<td>{'' if o.error else html.escape(counts(o.headlines))}</td></tr>" for o in outcomes)
     page = (f"<!doctype html><html><head><meta charset='utf-8'><title>gradlab numerics report</title>"
             f"<style>{STYLE}</style></head><body><h1>gradlab: numerics studies</h1>"
             f"<p>Generated {time.strftime('%Y-%m-%d %H:%M:%S %Z')} by <code>python -m experiments all</code>"
-            f" in {seconds:.1f} s. Each study: its headline comparison, then its charts.</p>"
-            f"<table><tr><th>study</th><th>time</th><th>status</th><th>headlines</th></tr>{summary_rows}</table>"
+            f" in {seconds:.1f} s: {html.escape(counts(heads))}. Every headline is a stated test: "
+            f"the prediction with its own uncertainty, the measurement with its standard error, and the "
+            f"rule (two-sided unless it is a theorem's bound; t-quantiles where the SE rests on few trials). "
+            f"The published numbers compared with are in docs/article.md and docs/studies.md.</p>"
+            f"<h2>Summary: what was reproduced and what was not</h2>{summary_list(outcomes)}"
+            f"<table><tr><th>study</th><th>time</th><th>status</th><th>headlines</th></tr>{overview}</table>"
             + "\n".join(study_section(o) for o in outcomes) + "</body></html>")
     path = common.RESULTS / "report.html"
     common.atomic_write_text(path, page)

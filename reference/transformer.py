@@ -1,6 +1,6 @@
 """The whole encoder-decoder transformer in jax.numpy, forward only: the oracle of the model.
 
-Written from the maths of SEED_SPEC.md with this package's layers, never with the kernels: same
+Written from the maths of the article (docs/article.md) with this package's layers, never with the kernels: same
 parameter names (``enc0.attn.WQ`` ... ``out.b``), the same fixed embedding table passed as
 ``embedding=``, Start = V - 2 and Finish = V - 1.  Gradients come from ``jax.grad``.
 """

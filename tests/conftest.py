@@ -25,15 +25,25 @@ def xp(request):
     return request.param
 
 
+def sandbox(monkeypatch, folder, *, charts=True):
+    """Results go to folder, progress bars are silent and, with charts=False, figures are built
+    but not rendered to PNG (rendering is most of a tiny run's time)."""
+    import pathlib
+
+    from experiments import common
+    monkeypatch.setenv("GRADLAB_QUIET", "1")
+    monkeypatch.setattr(common, "RESULTS", pathlib.Path(folder))
+    if not charts:
+        monkeypatch.setattr(common, "save_figure", lambda fig, path: common.pyplot().close(fig))
+
+
 @pytest.fixture
 def study_sandbox(tmp_path, monkeypatch):
     """Studies write into tmp_path, silently, building their charts without rendering PNGs."""
-    from experiments import studykit
-    studykit.sandbox(monkeypatch, tmp_path, charts=False)
+    sandbox(monkeypatch, tmp_path, charts=False)
 
 
 @pytest.fixture
 def study_sandbox_with_charts(tmp_path, monkeypatch):
     """As study_sandbox, but the PNGs are rendered (tests that read the files or the report)."""
-    from experiments import studykit
-    studykit.sandbox(monkeypatch, tmp_path)
+    sandbox(monkeypatch, tmp_path)

@@ -3,7 +3,7 @@ growing as sqrt(n) u, and the finite-difference optimum where truncation meets r
 import numpy as np
 import pytest
 
-from experiments import common, precision as study, studykit as kit
+from experiments import common, precision as study
 
 TINY = study.Config(lengths=(16, 256, 4096, 65536), rows=4, trials=2, fd_draws=32, fd_steps=25, seed=5)
 
@@ -12,13 +12,15 @@ pytestmark = pytest.mark.usefixtures("study_sandbox")
 
 
 def test_errors_respect_the_bounds_and_the_step_optimum():
-    red, (steps, errors, third, rounding) = study.measure(TINY)
+    (worst, sums), (steps, errors, third, rounding) = study.measure(TINY)
     n = np.array(TINY.lengths, float)
-    for name, err in red.items():
-        assert np.all(err <= study.gamma(n)), name                  # Higham's worst case always
-        assert np.all(err > 0), name                                 # float32 really rounded
-    slope, se = kit.loglog_slope_se(n, red[study.RECURSIVE])
-    assert abs(slope - 0.5) <= 3 * se, (slope, se)                  # se of the 4-point fit
+    for name in (*study.LINEAR, study.RECURSIVE):
+        assert np.all(worst[name] <= study.gamma(n - 1)), name      # Higham's worst case always
+        assert np.all(worst[name] > 0), name                         # float32 really rounded
+    # the rounding model predicts the recursive sum's mean squared error (not only bounds it)
+    per_row = np.concatenate([sq / model.mean() for sq, model, _ in sums.values()])
+    mean, se = common.mean_se(per_row)
+    assert abs(mean - 1) <= 3 * se, (mean, se)
     grid = steps[1] / steps[0]
     for name, u in study.U.items():
         best = steps[np.argmin(errors[name])]

@@ -1,61 +1,118 @@
-"""python -m experiments all: every discovered study that takes part runs, a failing one is
-reported and the others still run, and report.html embeds the charts and the headline tables."""
+"""python -m experiments all and the command line: every registry entry marked for `all` runs, a
+failing one is reported and the others still run, report.html has the summary, the stated tests,
+the HTML tables and the charts, with an ordinary file mode; every option has its help text."""
 import dataclasses
+import os
+import stat
+import sys
 import types
 
 import pytest
 
 import experiments.__main__ as cli
-from experiments import report, studykit as kit
+from experiments import common, registry, report
 
 
 pytestmark = pytest.mark.usefixtures("study_sandbox_with_charts")
 
 
-def fake_study(name, *, fails=False, in_all=True):
+def entries(monkeypatch, *specs):
+    out = []
+    for name, fails in specs:
+        module = types.ModuleType(f"fake_{name}", f"{name}: a fake study.\n\nIts protocol, in prose.")
+        module.Config, module.run = fake_parts(name, fails)
+        monkeypatch.setitem(sys.modules, module.__name__, module)
+        out.append(registry.Entry(name, module.__name__))
+    return out
+
+
+def fake_parts(name, fails):
     @dataclasses.dataclass(frozen=True)
     class Config:
-        seed: int = 0
+        seed: int = 0  # the seed
 
     def run(config):
         if fails:
             raise RuntimeError(f"{name} broke on purpose")
-        fig, (ax,) = kit.figure(1)
+        fig, (ax,) = common.figure(1)
         ax.plot([1, 2], [3, 4])
         figures = []
-        kit.save(fig, name, "chart.png", f"the caption of {name}", figures)
-        heads = [kit.headline(f"{name} quantity", 1.25, 1.0, "a paper", False)]
-        result = kit.finish(name, config, 0.0, [{"x": 1}], figures, heads, "summary text")
-        result.headlines.append({"quantity": f"{name} as a dict", "measured": 2.5, "expected": "> 2",
-                                 "source": "a plain dict", "agrees": True})  # another study's style
-        return result
-
-    module = types.ModuleType(f"experiments.{name}", f"{name}: a fake study.")
-    module.NAME, module.Config, module.run, module.IN_ALL = name, Config, run, in_all
-    return module
+        common.save(fig, name, "chart.png", f"the caption of {name}", figures)
+        heads = [common.test(f"{name} quantity", 1.25, 0.05, 1.0, "a paper"),
+                 common.shown(f"{name} shown", 2.5, 0.1, "no number", "a note")]
+        return common.finish(name, config, 0.0, [{"x": 1}], figures, heads, "summary text",
+                             tables=[("per size", [{"n": 3, "value": 0.5}])])
+    return Config, run
 
 
-def test_all_keeps_going_past_a_failure_and_writes_the_page(tmp_path, capsys):
-    found = {m.NAME: m for m in (fake_study("alpha"), fake_study("broken", fails=True),
-                                 fake_study("skipped", in_all=False), fake_study("omega"))}
+def test_all_keeps_going_past_a_failure_and_writes_the_page(tmp_path, capsys, monkeypatch):
+    found = entries(monkeypatch, ("alpha", False), ("broken", True), ("omega", False))
     assert report.run_all(found, []) == 1
-    page = (tmp_path / "report.html").read_text()
-    assert "alpha quantity" in page and "omega quantity" in page and "1.25" in page
-    assert "alpha as a dict" in page and "&gt; 2" in page
+    path = tmp_path / "report.html"
+    page = path.read_text()
+    summary = page.split("<h2>Summary")[1].split("<h2 id=")[0]
+    # one sentence per headline at the top: 1.25 ± 0.05 against 1 is 5 SE off
+    assert "Not reproduced: alpha quantity — measured 1.25 ± 0.05, expected 1" in summary
+    assert "Shown: omega shown" in summary and "broken: the study failed" in summary
+    assert "≤ 3.00 × combined SE" in page and "<td>0.5</td>" in page            # rule, HTML table
+    assert "<p>Its protocol, in prose.</p>" in page
     assert "the caption of alpha" in page and page.count("data:image/png;base64,") == 2
-    assert "broken broke on purpose" in page and "skipped" not in page
+    assert "broken broke on purpose" in page
+    mask = os.umask(0)
+    os.umask(mask)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~mask                  # not 0600
     out = capsys.readouterr().out
-    assert "[all 1/3] alpha" in out and "broken FAILED" in out and "[all 3/3] omega" in out
+    assert "[all 1/3] alpha" in out and "broken FAILED" in out and "0/1 reproduced, 1 shown" in out
 
 
 def test_all_takes_no_options():
     with pytest.raises(ValueError, match="all: expected no options"):
-        report.run_all({}, ["--trials", "3"])
+        report.run_all([], ["--trials", "3"])
 
 
-def test_every_discovered_study_takes_part():
-    found = cli.studies()
-    names = [m.NAME for m in report.selected(found)]
-    assert {"sqrt_d", "attention_scaling", "depth", "init_scale", "precision"} <= set(names)
-    opted_out = {name for name, m in found.items() if getattr(m, "IN_ALL", True) is False}
-    assert not opted_out & set(names) and set(names) | opted_out == set(found)
+def test_the_registry_names_every_run_once_and_all_runs_the_studies():
+    names = [e.name for e in registry.in_all()]
+    assert {"sqrt_d", "attention_scaling", "entropy_collapse", "depth", "rank_collapse",
+            "init_scale", "precision", "train", "generate", "schedule"} == set(names)
+    assert names.index("train") < names.index("generate")           # generate reads train's checkpoint
+    assert len(registry.BY_NAME) == len(registry.ENTRIES)
+
+
+@pytest.mark.parametrize("entry", registry.ENTRIES, ids=lambda e: e.name)
+def test_every_option_has_help_a_default_and_its_choices(entry):
+    module = registry.load(entry)
+    parser = cli.config_parser(entry.name, module.Config)
+    docs = cli.field_docs(module.Config)
+    for field in dataclasses.fields(module.Config):
+        assert docs.get(field.name), f"{entry.name}.{field.name} has no documentation"
+    text = parser.format_help()
+    assert text.count("(default:") == len(dataclasses.fields(module.Config))
+
+
+def test_enumerations_offer_choices_and_switches_read_as_flags(capsys):
+    from experiments import train
+    parser = cli.config_parser("train", train.Config)
+    help_text = parser.format_help()
+    assert "{intended,article}" in help_text and "--resume, --no-resume" in help_text
+    args = parser.parse_args(["--debug"])
+    assert args.debug is True and args.resume is False
+    assert cli.main(["train", "--schedule", "cosine"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "invalid choice: 'cosine'" in err and "\n" not in err
+    assert cli.main(["sqrt_d", "--trials", "many"]) == 2
+    assert "invalid integer value: 'many'" in capsys.readouterr().err
+
+
+def test_the_product_cites_only_itself():
+    """No tracker items and no files outside the repository in the studies, their docs, the
+    model's oracle and the task tests (the article's facts are in docs/article.md)."""
+    import pathlib
+    import re
+    root = pathlib.Path(__file__).parents[1]
+    files = [*root.glob("experiments/*.py"), root / "reference" / "transformer.py",
+             root / "tests" / "test_tasks.py", root / "README.md",
+             *(root / "docs" / f"{name}.md" for name in ("studies", "training", "tasks", "article"))]
+    pattern = re.compile(r"SEED_SPEC|DESIGN\.md|\b[Ii]ssue \d|/work/")
+    found = [f"{path.relative_to(root)}: {line.strip()}" for path in files
+             for line in path.read_text().splitlines() if pattern.search(line)]
+    assert not found, found

@@ -5,7 +5,8 @@ import math
 import numpy as np
 import pytest
 
-from experiments import common, sqrt_d, studykit as kit
+from conftest import sandbox
+from experiments import common, sqrt_d
 
 TINY = sqrt_d.Config(sizes=(3, 64), trials=300, loop_trials=3, dot_lengths=(4, 64, 1024),
                      dot_trials=800, seed=1)
@@ -23,14 +24,24 @@ def test_tiny_run_follows_the_laws_and_writes_its_files(tmp_path):
         # scaled and unscaled come from the same draws: exactly a factor sqrt(n) apart
         assert row["std_scaled"] == pytest.approx(row["std"] / math.sqrt(n), rel=1e-12)
     dots = [r["std"] for r in result.rows[2:]]
-    slope, se = kit.loglog_slope_se(TINY.dot_lengths, dots)
+    slope, se, _ = common.fit_slope(np.log(TINY.dot_lengths), np.log(dots))
     assert abs(slope - 0.5) <= 3 * se, (slope, se)
     folder = tmp_path / "sqrt_d"
     meta = json.loads((folder / "meta.json").read_text())
     assert meta["seed"] == 1 and meta["config"]["trials"] == 300 and meta["seconds"] > 0
     assert {"numpy", "jax", "python"} <= set(meta["versions"])
     assert (folder / "sqrt_d.png").stat().st_size > 10_000
-    assert "speed-up" in result.summary
+    assert "timing (not a headline)" in result.summary
+    heads = {h.quantity: h for h in result.headlines}
+    # the closed forms are exact at every n: tested with the rule the report prints
+    for n in TINY.sizes:
+        for name in (f"mean s^2, n = {n}", f"mean of mean^2, n = {n}"):
+            h = heads[name]
+            assert h.kind == "test" and "combined SE" in h.rule
+            assert h.agrees == (abs(h.measured - h.predicted) <= 3 * h.measured_se)
+    # the article's columns are compared with the difference's SE, sqrt(2) times the lab's
+    h = heads["std of the product, n = 3"]
+    assert h.predicted_se == pytest.approx(h.measured_se) and h.predicted == sqrt_d.ARTICLE[3][0]
 
 
 def test_one_pass_statistics_match_numpy_std_and_mean():
@@ -44,7 +55,7 @@ def test_one_pass_statistics_match_numpy_std_and_mean():
 
 def test_same_seed_gives_identical_data(tmp_path, monkeypatch):
     config = sqrt_d.Config(sizes=(3, 16), trials=50, loop_trials=2, dot_lengths=(4, 16), dot_trials=50)
-    kit.sandbox(monkeypatch, tmp_path, charts=False)
+    sandbox(monkeypatch, tmp_path, charts=False)
     texts = []
     for run in ("a", "b"):
         monkeypatch.setattr(common, "RESULTS", tmp_path / run)

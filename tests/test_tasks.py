@@ -22,7 +22,7 @@ def test_palindrome_as_specified():
 
 
 def test_pointer_index_as_specified():
-    example = np.array([[5, 5, 5, 5, 5, 0, 9, 9, 9, 1, 9, 9, 5, 9, 9, 6]])   # SEED_SPEC's example
+    example = np.array([[5, 5, 5, 5, 5, 0, 9, 9, 9, 1, 9, 9, 5, 9, 9, 6]])   # the article's example
     assert tasks.get("pointer_index").target(example).tolist() == [
         [0, 0, 0, 0, 0, 5, 1, 1, 1, 5, 1, 1, 0, 1, 1, 9]]
     data = tasks.make_dataset("pointer_index", batches=2, batch=16, T=12, seed=0)

@@ -168,19 +168,21 @@ def test_cli_rejects_bad_options_in_one_line(capsys):
 
 def test_train_command_writes_its_files_and_generate_reads_the_checkpoint(tmp_path, monkeypatch):
     """The study end to end on a tiny run: files written, answers graded, checkpoint reusable."""
-    from experiments import common, generate
-    from experiments.__main__ import studies
+    from experiments import common, generate, registry
     monkeypatch.setattr(common, "RESULTS", tmp_path)
-    assert {"train", "generate", "schedule", "pointer", "length"} <= set(studies())
+    assert {"train", "generate", "schedule", "pointer", "length"} <= set(registry.BY_NAME)
     result = train.run(TINY)
     out = tmp_path / "train"
     assert {"history.csv", "steps.csv", "loss.png", "answers.txt", "meta.json",
             "checkpoint.npz"} <= {p.name for p in out.iterdir()}
-    assert len(result.answers) == 9 and result.answers[0][0].shape == (4,)
+    answers = result.extra["answers"]
+    assert len(answers) == 9 and answers[0][0].shape == (4,)
+    assert result.headlines[0].predicted == 9 and result.headlines[1].kind == "shown"
     assert (out / "history.csv").read_text().count("\n") == TINY.epochs + 1
     again = generate.run(generate.Config(checkpoint=str(out / "checkpoint.npz"),
                                          requests="1 2 3 4; 4 3 2 1", pad=0))
-    assert again.tokens.shape[0] == 2 and again.tokens[0, 0] == 10
+    tokens = again.extra["tokens"]
+    assert tokens.shape[0] == 2 and tokens[0, 0] == 10
     with pytest.raises(ValueError, match="requests: expected digits 0-9"):
         generate.parse_requests("1 2 x")
     with pytest.raises(ValueError, match="requests: expected one or more requests of equal length"):

@@ -1,0 +1,265 @@
+"""entropy_collapse: attention entropy as the logits grow, the published lower bound, and QK-norm.
+
+Sweep.  One head of width d = 64 over n = 64 tokens x ~ N(0, 1), W_Q and W_K N(0, 1/d), both
+multiplied by sqrt(lambda) so that the logits x_i M x_j, M = lambda W_Q W_K^T / sqrt(d), grow
+linearly in the logit scale lambda (as attention logits grow during an unstable run, Zhai et al.
+2023; Wortsman et al. 2023).  Per scale and over independent weight draws: the mean entropy of the
+attention rows, the largest |logit|, and the logit-gradient gain |J g|/|g| of the rows (J the
+softmax Jacobian, g a random upstream gradient), without and with QK-norm: the queries and keys
+RMS-normalised (the lab's rms_norm kernel) before the product, logits q^.k^/sqrt(d).
+
+The published bound (Zhai et al. 2023, Theorem 3.1): every logit of row i lies within
++- ||M||_2 |x_i| max_j |x_j|, a range of width Delta_i, and the entropy of n probabilities whose
+logits span at most Delta is smallest with one at the top and n - 1 at the bottom, so
+Ent_i >= log(1 + (n - 1) e^-Delta) + Delta (n - 1) e^-Delta / (1 + (n - 1) e^-Delta).  The study
+reports the smallest margin Ent_i - bound_i over all rows and scales (a bound: one-sided).  With
+QK-norm |q^| = |k^| = sqrt(d), so the logits stay within +- sqrt(d) whatever the weights; for
+queries and keys of independent isotropic directions their mean square is exactly 1 (E (u.v)^2 =
+|u|^2 |v|^2 / d), which the largest scale tests.
+
+Training.  The article's palindrome run (float32, seed 0) is trained again and after every epoch
+the attention rows of a fixed validation batch are read from the model's caches: mean entropy
+per attention layer against the uniform value (ln of the keys a row sees), the largest logit, and
+the bound's margin for the unmasked layers (encoder self-attention, cross-attention).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+import kernels
+from experiments import checkpoint, common, tasks, train
+from kernels import model
+
+NAME = "entropy_collapse"
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    width: int = 64                # head width d
+    keys: int = 64                 # n tokens, so n keys per query
+    draws: int = 16                # independent weight draws per logit scale
+    scales: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)  # logit scales lambda
+    train_epochs: int = 10         # epochs of the palindrome run whose attention is tracked (0: skip)
+    train_dtype: str = "float32"   # floating-point type of that run
+    seed: int = 0                  # seed of every draw
+
+    def __post_init__(self):
+        common.validate(self, ints={"width": 2, "keys": 2, "draws": 2, "seed": 0})
+        common.check_int("train_epochs", self.train_epochs, 0)
+        if not self.scales or any(s <= 0 for s in self.scales) or list(self.scales) != sorted(self.scales):
+            raise ValueError(f"scales: expected increasing positive logit scales, got {self.scales}")
+        if self.train_dtype not in ("float32", "float64"):
+            raise ValueError(f"train_dtype: expected float32 or float64, got {self.train_dtype!r}")
+
+
+def zhai_bound(delta, n):
+    """Smallest entropy of n probabilities whose logits span at most delta (one at the top,
+    n - 1 at the bottom): log(1 + (n-1) e^-delta) + delta (n-1) e^-delta / (1 + (n-1) e^-delta)."""
+    delta = np.asarray(delta, float)
+    e = (n - 1) * np.exp(-delta)
+    return np.log1p(e) + delta * e / (1 + e)
+
+
+def row_entropy(p):
+    """Entropy (nats) of each row of probabilities: (..., n) -> (...)."""
+    return -(p * np.log(np.maximum(p, 1e-300))).sum(axis=-1)
+
+
+def head(x, WQ, WK, qk_norm):
+    """Logits of one head: x (R, n, d) -> (R, n, n); with qk_norm the queries and keys are
+    RMS-normalised first."""
+    d = x.shape[-1]
+    q, k = x @ WQ, x @ WK                                            # (R, n, d) each
+    if qk_norm:
+        q, _ = kernels.rms_norm_forward(q, {})
+        k, _ = kernels.rms_norm_forward(k, {})
+    return q @ k.transpose(0, 2, 1) / math.sqrt(d)                   # (R, n, n)
+
+
+def sweep(rng, config):
+    """{(scale, qk_norm): {quantity: (draws,)}} and the bound margins (one per draw and scale)."""
+    d, n = config.width, config.keys
+    off = ~np.eye(n, dtype=bool)
+    out = {}
+    for lam in config.scales:
+        for qk in (False, True):
+            out[lam, qk] = {k: [] for k in ("entropy", "max_logit", "gain", "mean_square", "margin")}
+    for _ in common.progress(range(config.draws), desc=f"{NAME} draws"):
+        WQ, WK = (rng.standard_normal((d, d)) / math.sqrt(d) for _ in range(2))   # (d, d)
+        x = rng.standard_normal((1, n, d))                                          # (1, n, d)
+        g = rng.standard_normal((n, n))                                             # (n, n) upstream
+        norms = np.linalg.norm(x[0], axis=-1)                                       # (n,)
+        for lam in config.scales:
+            s = math.sqrt(lam)
+            for qk in (False, True):
+                logits = head(x, s * WQ, s * WK, qk)[0]                             # (n, n)
+                p, cache = kernels.softmax_forward(logits, {})
+                jg, _ = kernels.softmax_backward(g, cache)
+                ent = row_entropy(p)                                                # (n,)
+                m = out[lam, qk]
+                m["entropy"].append(ent.mean())
+                m["max_logit"].append(np.abs(logits).max())
+                m["gain"].append(np.median(np.linalg.norm(jg, axis=-1) / np.linalg.norm(g, axis=-1)))
+                m["mean_square"].append((logits[off] ** 2).mean())
+                if not qk:  # the bound for the plain head: M = lambda W_Q W_K^T / sqrt(d)
+                    spec = lam * np.linalg.norm(WQ @ WK.T, 2) / math.sqrt(d)
+                    delta = 2 * spec * norms * norms.max()                          # (n,)
+                    m["margin"].append((ent - zhai_bound(delta, n)).min())
+    return {key: {k: np.array(v) for k, v in m.items()} for key, m in out.items()}
+
+
+# --- the palindrome run ---------------------------------------------------------------------
+
+def attention_layers(params, embedding, src, tgt):
+    """{layer: (probabilities (H, B, T, S), logits, bound margin or None)} of one forward pass."""
+    _, cache = model.model_forward(src, tgt, params, embedding=embedding)
+    out = {}
+    layers = {"encoder self": cache.encoder.blocks[0].attn.layer,
+              "decoder self (causal)": cache.decoder.blocks[0].self_attn.layer,
+              "cross": cache.decoder.blocks[0].cross.layer}
+    prefixes = {"encoder self": "enc0.attn", "decoder self (causal)": "dec0.self", "cross": "dec0.cross"}
+    for name, c in layers.items():
+        P = c.q.shape[-1]
+        logits = c.q @ np.swapaxes(c.k, -1, -2) / math.sqrt(P)                    # (H, B, T, S)
+        margin = None
+        if "causal" not in name:
+            W = params[prefixes[name] + ".WQ"], params[prefixes[name] + ".WK"]     # (H, P, P) each
+            spec = np.array([np.linalg.norm(W[0][h] @ W[1][h].T, 2) for h in range(len(W[0]))]) / math.sqrt(P)
+            H, B, T, S = logits.shape
+            nq = np.linalg.norm(c.xq_h.reshape(H, B, T, P), axis=-1)              # (H, B, T)
+            nk = np.linalg.norm(c.xkv_h.reshape(H, B, S, P), axis=-1).max(axis=-1)  # (H, B)
+            delta = 2 * spec[:, None, None] * nq * nk[:, :, None]                  # (H, B, T)
+            margin = float((row_entropy(c.a.astype(np.float64)) - zhai_bound(delta, S)).min())
+        out[name] = (c.a.astype(np.float64), logits, margin)
+    return out
+
+
+def track_training(config):
+    """Train the article's palindrome run; after each epoch, the attention statistics of a fixed
+    validation batch.  Returns one row per (epoch, layer)."""
+    tcfg = train.Config(epochs=config.train_epochs, dtype=config.train_dtype, seed=config.seed)
+    data = tasks.make_dataset(tcfg.task, batches=tcfg.batches, batch=tcfg.batch, T=tcfg.max_tokens,
+                              seed=tcfg.seed)
+    _, valid = tasks.split(data, valid_fraction=tcfg.valid_fraction, seed=tcfg.seed)
+    src, tgt = valid[0, 0], valid[0, 1]
+    path = common.results_dir(NAME) / "checkpoint.npz"
+    embedding = model.embedding_table(tcfg.model_config(), np.dtype(tcfg.dtype))
+    rows = []
+
+    def record(epoch, params, valid_loss):
+        for name, (a, logits, margin) in attention_layers(params, embedding, src, tgt).items():
+            seen = (a > 0).sum(axis=-1) if "causal" in name else np.full(a.shape[:-1], a.shape[-1])
+            rows.append({"epoch": epoch, "layer": name, "entropy": float(row_entropy(a).mean()),
+                         "uniform": float(np.log(seen).mean()),
+                         "max_logit": float(np.abs(np.where(a > 0, logits, 0)).max()),
+                         "bound_margin": "" if margin is None else margin, "valid_loss": valid_loss})
+
+    record(0, model.init_params(tcfg.model_config(), seed=tcfg.seed, dtype=np.dtype(tcfg.dtype),
+                                std=tcfg.init_std), "")
+    # fit() writes the checkpoint before it calls on_epoch: read the epoch's parameters from it
+    train.fit(tcfg, path, on_epoch=lambda epoch, row: record(epoch, checkpoint.load(path).params,
+                                                             row["valid_loss"]))
+    return rows
+
+
+def measure(config):
+    rng = np.random.default_rng(config.seed)
+    return sweep(rng, config), (track_training(config) if config.train_epochs else [])
+
+
+# --- headlines, tables, charts ----------------------------------------------------------------
+
+def _headlines(m, config):
+    grid, runs = m
+    margins = np.concatenate([grid[lam, False]["margin"] for lam in config.scales])
+    heads = [common.bound("largest excess of the entropy bound over the entropy, bound − entropy, "
+                          "every row, draw and scale", -margins.min(), 0.0,
+                          "Zhai et al. 2023, Theorem 3.1", "max(bound − entropy) ≤ 0 over all rows")]
+    top = max(config.scales)
+    ms = grid[top, True]["mean_square"]
+    heads.append(common.test(f"QK-norm: mean square of the logits at logit scale {top:g}", *common.mean_se(ms),
+                             1.0, "isotropic normalised q, k: E(q̂·k̂)²/d = 1 (exact)", df=len(ms) - 1))
+    if runs:
+        trained = [r["bound_margin"] for r in runs if r["bound_margin"] != ""]
+        heads.append(common.bound("palindrome run: largest bound − entropy, unmasked layers, every epoch",
+                                  -min(trained), 0.0, "Zhai et al. 2023, Theorem 3.1",
+                                  "max(bound − entropy) ≤ 0 over all rows"))
+        last = [r for r in runs if r["epoch"] == max(x["epoch"] for x in runs)]
+        ratio = float(np.mean([r["entropy"] / r["uniform"] for r in last if r["uniform"] > 0]))
+        heads.append(common.shown("palindrome run, after training: mean entropy / uniform, over the "
+                                  "attention layers", ratio, float("nan"), "no published number for "
+                                  "this run", "Zhai et al. 2023 (collapse in unstable runs)"))
+    return heads
+
+
+def _pm(mean_se):
+    return f"{mean_se[0]:.4g} ± {mean_se[1]:.2g}"
+
+
+def _tables(m, config):
+    grid, runs = m
+    rows = []
+    for lam in config.scales:
+        row = {"λ": lam}
+        for qk in (False, True):
+            tag = "QK-norm" if qk else "plain"
+            row[f"entropy, {tag}"] = _pm(common.mean_se(grid[lam, qk]["entropy"]))
+            row[f"max |logit|, {tag}"] = _pm(common.mean_se(grid[lam, qk]["max_logit"]))
+            row[f"median gain, {tag}"] = _pm(common.mean_se(grid[lam, qk]["gain"]))
+        row["min margin over the bound"] = float(grid[lam, False]["margin"].min())
+        rows.append(row)
+    out = [(f"logit-scale sweep, d = {config.width}, n = {config.keys} ({config.draws} draws, ± SE)", rows)]
+    if runs:
+        out.append(("palindrome run: attention per layer and epoch (validation batch)", runs))
+    return out
+
+
+def _charts(m, config, figures):
+    grid, runs = m
+    lam = np.array(config.scales)
+    fig, axes = common.figure(3, width=4.6)
+    for i, qk in enumerate((False, True)):
+        tag = "QK-norm" if qk else "no norm"
+        for ax, key in zip(axes, ("entropy", "max_logit", "gain")):
+            stats = [common.mean_se(grid[s, qk][key]) for s in config.scales]
+            ax.errorbar(lam, [v for v, _ in stats], yerr=[3 * e for _, e in stats], fmt="o-",
+                        color=f"C{i}", capsize=2, ms=4, label=f"{tag} (±3 SE)")
+    axes[0].axhline(math.log(config.keys), color="k", ls=":", lw=1, label="ln n (uniform)")
+    axes[1].axhline(math.sqrt(config.width), color="C1", ls="--", lw=1, label="QK-norm ceiling sqrt(d)")
+    common.label(axes[0], "mean attention entropy", "logit scale λ", "entropy (nats)", logx=True)
+    common.label(axes[1], "largest |logit|", "logit scale λ", "|logit| (unitless)", logx=True, logy=True)
+    common.label(axes[2], "median logit-gradient gain |Jg|/|g|", "logit scale λ", "gain (unitless)",
+                 logx=True, logy=True)
+    common.save(fig, NAME, "sweep.png",
+                "As the weights' scale grows the plain head's entropy collapses towards 0, its largest "
+                "logit grows linearly and the gradient its rows pass back falls; with QK-norm all three "
+                "stay where they are at every scale (the largest logit below sqrt(d)).", figures)
+    if runs:
+        fig, (b1, b2) = common.figure(2, width=5.4)
+        for i, layer in enumerate(dict.fromkeys(r["layer"] for r in runs)):
+            rs = [r for r in runs if r["layer"] == layer]
+            b1.plot([r["epoch"] for r in rs], [r["entropy"] for r in rs], "o-", color=f"C{i}", label=layer)
+            b1.axhline(rs[0]["uniform"], color=f"C{i}", ls=":", lw=1)
+            b2.plot([r["epoch"] for r in rs], [r["max_logit"] for r in rs], "o-", color=f"C{i}", label=layer)
+        common.label(b1, "palindrome run: mean attention entropy (dotted: uniform)", "epoch",
+                     "entropy (nats)")
+        common.label(b2, "palindrome run: largest |logit|", "epoch", "|logit| (unitless)", logy=True)
+        common.save(fig, NAME, "training.png",
+                    "Attention entropy and largest logit of the three attention layers on a fixed "
+                    "validation batch, after each epoch of the article's palindrome run (epoch 0: the "
+                    "initialisation).", figures)
+
+
+def _rows(m, config):
+    grid, runs = m
+    rows = [{"part": "sweep", "scale": lam, "qk_norm": qk, "draw": i,
+             **{k: float(v[i]) for k, v in q.items() if len(v)}}
+            for (lam, qk), q in grid.items() for i in range(config.draws)]
+    return rows + [{"part": "training", **r} for r in runs]
+
+
+def run(config: Config) -> common.Result:
+    return common.conduct(NAME, config, measure, _headlines, _charts, _rows, tables=_tables)
