@@ -16,6 +16,8 @@ gradient) as one program, then re-run that program with every rounding operation
     sums of k terms (reduce_sum, dot_general, cumsum, scatter-add)
                                     + u_s xi sqrt(1 + log2 k) sum|terms|  (the accumulation)
     exact operations (reshape, select, max, neg, convert ...)   unchanged
+    array constants of the program (a table the oracle computes in NumPy)
+                                    + u_e xi |value|             (the kernel holds them rounded)
 
 with xi ~ N(0, 1) independent for every operation and element (Monte Carlo arithmetic, Parker
 1997; sqrt(1 + log2 k) is the random-walk growth of a pairwise or blocked sum, Higham & Mary 2019).
@@ -175,6 +177,8 @@ def _eval(jaxpr, consts, args, backward_flags, noise, top=True):
         return v.val if isinstance(v, jcore.Literal) else env[v]
 
     for var, value in zip(jaxpr.constvars, consts):
+        if _is_float(value) and jnp.ndim(value):  # a kernel holds its constants rounded
+            value = value + noise(jnp.shape(value), "forward", lambda v=value: jnp.abs(v))
         env[var], flag[var] = value, False
     for var, value, b in zip(jaxpr.invars, args, backward_flags):
         if top and not b and _is_float(value):  # the inputs' own rounding
