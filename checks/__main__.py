@@ -68,22 +68,18 @@ def table(args) -> int:
 
 
 def calibrate(args) -> int:
-    from tqdm import tqdm
-
-    from checks.calibrate import calibrate as run, format_margins
+    from checks.calibrate import ALL_CASES, calibrate as run, format_cases, format_margins, summary
     rows = args.layer or ROWS
     dtypes = [args.dtype] if args.dtype else ["float64", "float32"]
-    n_jobs = sum(1 for r in rows if args.fd != "complex" or r.analytic) * len(dtypes)
-    with tqdm(total=n_jobs, desc=f"calibrating ({args.seeds} seeds each)", file=sys.stderr) as bar:
-        margins = run(rows, dtypes, args.seeds, workers=args.workers, fd=args.fd,
-                      shape_seed=args.shape_seed, progress=lambda m: bar.update(1))
-    print(format_margins(margins))
+    margins = run(rows, dtypes, args.seeds, workers=args.workers, fd=args.fd,
+                  shape_seed=args.shape_seed, cases=ALL_CASES)
+    print(format_margins([m for m in margins if m.case == "random shapes"]))
+    print()
+    print(format_cases(margins))
     alarms = [m for m in margins if m.false_alarms]
     for m in alarms:
-        print(f"\nfalse alarm in {m.layer} {m.dtype}: {m.first_alarm}")
-    print(f"\n{sum(m.checks for m in margins)} checks, "
-          f"{sum(m.false_alarms for m in margins)} false alarms; "
-          f"worst fraction of tolerance {max(m.worst for m in margins):.3f}")
+        print(f"\nfalse alarm in {m.layer} {m.dtype} ({m.case}): {m.first_alarm}")
+    print("\n" + summary(margins))
     return 1 if alarms else 0
 
 
@@ -107,7 +103,8 @@ def parser_for(command):
                    description="every layer x dtype over many seeds and random shapes: the worst "
                                "error as a fraction of its tolerance")
         p.add_argument("--seeds", type=_positive, default=200, help="seeds per layer x dtype")
-        p.add_argument("--workers", type=_positive, default=1, help="parallel processes")
+        p.add_argument("--workers", type=int, default=0,
+                       help="worker processes (0: in this process)")
         p.add_argument("--layer", action="append", type=_layer, help="only this layer")
         p.add_argument("--dtype", choices=["float64", "float32"], help="one dtype only")
         p.add_argument("--fd", choices=FD_SCHEMES, default="central", help="FD scheme")

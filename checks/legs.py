@@ -27,6 +27,9 @@ FD_ELEMENTWISE_MAX = 256  # tensors up to this many elements also get an element
 FD_DIRECTIONS = 3         # random directions per tensor, always
 FD_SCHEMES = ("central", "richardson", "complex", "none")
 KINK_FACTOR = 10          # a kink: second differences off by 10 x the FD tolerance
+KINKED = "the function is not smooth within the step (a kink?)"
+CURVED = ("FD's own step dependence D(2h) - D(h) explains its error (the function curves on a "
+          "scale below the step)")
 
 
 # --- autodiff ------------------------------------------------------------------------------
@@ -281,17 +284,41 @@ class FiniteDifferences:
                 element_tols.append(tol_of)
         return Measured(directions, values, tols, elements, element_tols)
 
-    def kinked(self, key, x, measured, g_auto, tol):
-        """Is L non-smooth within the step along any direction measured, by more than
-        KINK_FACTOR x the FD tolerance tol?  Run only to explain a disagreement."""
+    def kinked(self, key, x, measured, g_auto, tol) -> str:
+        """Why FD cannot be trusted here, or "": L non-smooth within the step along a direction
+        measured, by more than KINK_FACTOR x the FD tolerance tol (KINKED), or FD's error
+        explained by its own step dependence (CURVED).  Run only to explain a disagreement."""
         if self.scheme == "complex":
-            return False
+            return ""
         size = float(np.sqrt(np.mean(x * x))) if x.size else 1.0
         along = [(v, float(np.linalg.norm(g_auto) * np.linalg.norm(v)))
                  for v in measured.directions]
         if measured.elements is not None:
             along += [(e, float(np.max(np.abs(g_auto)))) for e in _unit_vectors(x.shape)]
-        return any(self._kinked(key, x, v, size, KINK_FACTOR * tol * scale) for v, scale in along)
+        if any(self._kinked(key, x, v, size, KINK_FACTOR * tol * scale) for v, scale in along):
+            return KINKED
+        return CURVED if self._truncation_explains(key, x, measured, g_auto, size) else ""
+
+    def _truncation_explains(self, key, x, measured, g_auto, size):
+        """Does FD's own step dependence explain its disagreement with autodiff?  A function
+        that curves on a scale far below the step (a row of near-equal values under
+        normalisation) has a truncation error h^2 |L3| / 6 (L3 the third derivative) far above the tolerance, which
+        assumes derivatives of order one.  D(2h) - D(h) = 3 T(h) measures it: the disagreement
+        is FD's when |D(h) - <g, v>| <= |D(2h) - D(h)| along every direction that disagrees."""
+        if self.scheme != "central":
+            return False
+        h = tolerances.fd_step(size, self.u)
+        along = list(zip(measured.directions, measured.values))
+        if measured.elements is not None:
+            along += list(zip(_unit_vectors(x.shape), measured.elements.reshape(-1)))
+        for v, d in along:
+            err = abs(d - float(np.sum(g_auto * v)))
+            if err <= 64 * tolerances.U64 * abs(d):  # a few ulps need no explaining
+                continue
+            d2, _ = self.central(key, x, v, 2 * h)
+            if err > abs(d2 - d):
+                return False
+        return True
 
     def _kinked(self, key, x, v, size, threshold):
         """With the signed second difference s(t) = (L(x + tv) - 2 L(x) + L(x - tv)) / t, a

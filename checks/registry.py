@@ -36,6 +36,13 @@ class Row:
     axes: dict = dataclasses.field(default_factory=dict)
     analytic: bool = False
     min_sizes: dict = dataclasses.field(default_factory=dict)  # where the maths is well posed
+    # overrides of checks.tolerances.Policy: {field: value} or {dtype name: {field: value}}
+    tolerance: dict = dataclasses.field(default_factory=dict)
+
+    def policy(self, dtype):
+        """The tolerance policy this row is checked under at one dtype."""
+        from checks.tolerances import DEFAULT
+        return DEFAULT.override(self.tolerance, dtype)
 
     def case(self, rng, dtype, sizes=None):
         """(inputs, params, static) for one check at the given sizes."""
@@ -191,17 +198,21 @@ def named_sizes(sizes=None):
     return {**s, "P": s["D"] // s["H"]}
 
 
-def run_row(row, dtype, *, seed=0, sizes=None, xp=np, fd="central", backward=None):
+def run_row(row, dtype, *, seed=0, sizes=None, xp=np, fd="central", backward=None,
+            transform=None):
     """Check one row at one dtype on one backend (xp: numpy or cupy).  ``backward`` replaces
-    the row's own (the bug zoo checks broken ones this way)."""
+    the row's own (the bug zoo checks broken ones this way); ``transform(rng, inputs, params)
+    -> (inputs, params)`` reshapes the drawn inputs (the calibration's ill-conditioned cases)."""
     from checks.engine import check_layer
     if fd == "complex" and not row.analytic:
         raise ValueError(f"fd: the complex step needs an analytic layer; {row.name} is not")
     rng = np.random.default_rng(seed)
     inputs, params, static = row.case(rng, dtype, sizes)
+    if transform is not None:
+        inputs, params = transform(rng, inputs, params)
     inputs = [xp.asarray(x) for x in inputs]
     params = {k: xp.asarray(v) for k, v in params.items()}
     return check_layer(row.forward, backward or row.backward, row.oracle, inputs, params,
                        static=static, nondiff=row.nondiff, seed=seed, name=row.name,
                        input_names=row.input_names, axes=row.axes, sizes=named_sizes(sizes),
-                       fd=fd)
+                       fd=fd, policy=row.policy(dtype))

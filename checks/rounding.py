@@ -16,6 +16,8 @@ gradient) as one program, then re-run that program with every rounding operation
     sums of k terms (reduce_sum, dot_general, cumsum, scatter-add)
                                     + u_s xi sqrt(1 + log2 k) sum|terms|  (the accumulation)
     exact operations (reshape, select, max, neg, convert ...)   unchanged
+    array constants of the program (a table the oracle computes in NumPy)
+                                    + u_e xi |value|             (the kernel holds them rounded)
 
 with xi ~ N(0, 1) independent for every operation and element (Monte Carlo arithmetic, Parker
 1997; sqrt(1 + log2 k) is the random-walk growth of a pairwise or blocked sum, Higham & Mary 2019).
@@ -30,7 +32,8 @@ its sums, and the inputs — so a kernel that rounds its results to float16 but 
 float32, or whose forward runs in a lower precision than its backward, is modelled part by part
 (``Spread.at``).
 
-All samples run as one program under ``jax.vmap``, compiled once per oracle and shape.
+All samples run as one program under ``jax.vmap``, compiled once per oracle and shape; each
+operation's noise amplitude comes from one exact run (``RoundingModel``).
 """
 from __future__ import annotations
 
@@ -54,6 +57,7 @@ EXACT = {"neg", "abs", "sign", "max", "min", "select_n", "reshape", "transpose",
          "optimization_barrier", "sharding_constraint", "cummax", "cummin", "scatter",
          "device_put", "split", "tile"}
 SUMS = {"dot_general", "reduce_sum", "cumsum", "scatter-add", "scatter_add"}
+FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
 CALLS = {"jit", "pjit", "closed_call", "core_call", "remat", "checkpoint", "custom_jvp_call",
          "custom_vjp_call", "custom_vjp_call_jaxpr"}
 
@@ -87,7 +91,14 @@ def _pair(u):
 
 
 class RoundingModel:
-    """The perturbed program of one oracle at fixed shapes; ``spread`` runs it on values."""
+    """The perturbed program of one oracle at fixed shapes; ``spread`` runs it on values.
+
+    One compiled program does everything: an exact run that also records every operation's
+    noise amplitude (|result|, and sqrt(1 + log2 k) sum|terms| for a sum), then the perturbed
+    runs under ``jax.vmap``, which add amplitude x noise and nothing else (to first order in u
+    the amplitude of the exact run is the amplitude of the perturbed one, so the perturbed runs
+    never recompute sum|terms|), then the spreads.  Each part's noise is drawn for its own
+    samples only.  It is compiled without XLA's costly passes: a model, not a result."""
 
     def __init__(self, program, args, dout_index, samples=SAMPLES):
         self.closed, self.shapes = jax.make_jaxpr(program, return_shape=True)(*args)
@@ -97,45 +108,56 @@ class RoundingModel:
         self.backward_in = [start <= i < start + counts[dout_index] for i in range(len(flat))]
         self.samples = samples
         self.record = []  # (shape, part) of every perturbation, in program order
-        jax.eval_shape(lambda f: self._eval(f, _Noise(None, self.record)), flat)
-        self._exact = jax.jit(jcore.jaxpr_as_fun(self.closed))
-        self._run = jax.jit(jax.vmap(lambda f, n: self._eval(f, _Noise(n)), in_axes=(None, 0)))
+        jax.eval_shape(lambda f: self._eval(f, _Noise("record", self.record)), flat)
+        self._run = jax.jit(self._spreads, compiler_options=FAST_COMPILE)
 
     def _eval(self, flat, noise):
         return _eval(self.closed.jaxpr, self.closed.consts, flat, self.backward_in, noise)
+
+    def _spreads(self, flat, noises):
+        amplitudes = []
+        exact = self._eval(flat, _Noise("amplitude", amplitudes))
+        n, total = self.samples, self.samples * len(PARTS)
+        full = [jnp.zeros((total,) + shape).at[part * n:(part + 1) * n].set(U_SIM * xi)
+                for xi, (shape, part) in zip(noises, self.record)]       # (5 N, ...) each
+        perturbed = jax.vmap(lambda f, z: self._eval(f, _Noise("perturb", amplitudes, z)),
+                             in_axes=(None, 0))(flat, full)
+        out = []
+        for p, e in zip(perturbed, exact):
+            dev = (p - e) ** 2                                                # (5 N, ...)
+            out.append(jnp.sqrt(dev.reshape((len(PARTS), n) + jnp.shape(e)).mean(axis=1)))
+        return out
 
     def spread(self, args, seed=0):
         """A pytree like the program's output with one Spread per leaf."""
         flat, _ = jax.tree_util.tree_flatten(args)
         rng = np.random.default_rng([seed, 0x40D])
-        part_of_sample = np.repeat(np.arange(len(PARTS)), self.samples)        # (5 N,)
-        noises = []
-        for shape, part in self.record:
-            xi = rng.standard_normal((len(part_of_sample),) + shape)           # (5 N, ...)
-            xi[part_of_sample != part] = 0.0
-            noises.append(U_SIM * xi)
-        exact = [np.asarray(v, np.float64) for v in self._exact(*flat)]
-        perturbed = self._run(flat, noises)                                    # (5 N, ...) each
-        spreads = []
-        for p, e in zip(perturbed, exact):
-            dev = (np.asarray(p, np.float64) - e) ** 2
-            rms = np.sqrt(dev.reshape((len(PARTS), self.samples) + e.shape).mean(axis=1))
-            spreads.append(Spread(*rms))
+        # each part's noise for its own samples only; float32 draws: the noise needs no precision
+        noises = [rng.standard_normal((self.samples,) + shape, np.float32)  # (N, ...) each
+                  for shape, _ in self.record]
+        spreads = [Spread(*np.asarray(rms, np.float64)) for rms in self._run(flat, noises)]
         return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(self.shapes), spreads)
 
 
 class _Noise:
-    """Hands out the perturbations in program order; records (shape, part) when given a list."""
+    """The perturbation of each rounding operation, in program order.
 
-    def __init__(self, noises, record=None):
-        self.noises, self.record, self.count = noises, record, 0
+    "record": notes (shape, part) and adds nothing; "amplitude": the exact run, which keeps each
+    operation's amplitude and adds nothing; "perturb": adds amplitude x noise."""
 
-    def __call__(self, shape, part):
-        if self.record is not None:
-            self.record.append((tuple(shape), PARTS.index(part)))
-            return jnp.zeros(shape, jnp.float64)
-        self.count += 1
-        return self.noises[self.count - 1]
+    def __init__(self, mode, store, noises=None):
+        self.mode, self.store, self.noises, self.count = mode, store, noises, 0
+
+    def __call__(self, shape, part, amplitude):
+        """What to add to a result: ``amplitude()`` is its noise scale, evaluated exactly once."""
+        k, self.count = self.count, self.count + 1
+        if self.mode == "record":
+            self.store.append((tuple(shape), PARTS.index(part)))
+            return 0.0
+        if self.mode == "amplitude":
+            self.store.append(amplitude())
+            return 0.0
+        return self.store[k] * self.noises[k]
 
 
 def _is_float(x):
@@ -155,10 +177,12 @@ def _eval(jaxpr, consts, args, backward_flags, noise, top=True):
         return v.val if isinstance(v, jcore.Literal) else env[v]
 
     for var, value in zip(jaxpr.constvars, consts):
+        if _is_float(value) and jnp.ndim(value):  # a kernel holds its constants rounded
+            value = value + noise(jnp.shape(value), "forward", lambda v=value: jnp.abs(v))
         env[var], flag[var] = value, False
     for var, value, b in zip(jaxpr.invars, args, backward_flags):
         if top and not b and _is_float(value):  # the inputs' own rounding
-            value = value * (1 + noise(jnp.shape(value), "inputs"))
+            value = value + noise(jnp.shape(value), "inputs", lambda v=value: jnp.abs(v))
         env[var], flag[var] = value, b
     for i, eqn in enumerate(jaxpr.eqns):
         ins = [read(v) for v in eqn.invars]
@@ -188,9 +212,15 @@ def _round(name, eqn, ins, out, noise, part):
     """out with the rounding perturbation of its operation (exact operations unchanged)."""
     if name in EXACT or not _is_float(out):
         return out
-    out = out + jnp.abs(out) * noise(jnp.shape(out), part)
+    exact = out
+    out = out + noise(jnp.shape(out), part, lambda: jnp.abs(exact))
     if name not in SUMS:
         return out
+    return out + noise(jnp.shape(out), part + "_sums", lambda: _sum_amplitude(name, eqn, ins))
+
+
+def _sum_amplitude(name, eqn, ins):
+    """sqrt(1 + log2 k) sum|terms| of a sum of k terms."""
     params = eqn.params
     if name == "dot_general":
         (contract, _), _ = params["dimension_numbers"]
@@ -203,5 +233,4 @@ def _round(name, eqn, ins, out, noise, part):
     else:  # scatter-add: a few repeated ids add up
         k = 2
         terms = eqn.primitive.bind(jnp.abs(ins[0]), ins[1], jnp.abs(ins[2]), **params)
-    growth = math.sqrt(1 + math.log2(max(k, 1)))
-    return out + growth * terms * noise(jnp.shape(out), part + "_sums")
+    return math.sqrt(1 + math.log2(max(k, 1))) * terms

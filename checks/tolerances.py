@@ -87,6 +87,19 @@ class Policy:
     # the roundoff of results and of sums per format: (u of results, u of sums); None = u, u
     accumulate: tuple = ()          # e.g. (("float16", "float32"),): float16 sums in float32
 
+    def override(self, changes=None, dtype=None) -> "Policy":
+        """This policy with a registry row's overrides (``Row.tolerance``): field -> value for
+        every dtype, or dtype name -> {field: value} for one dtype only."""
+        changes = dict(changes or {})
+        fields = {f.name for f in dataclasses.fields(self)}
+        per_dtype = changes.pop(numpy.dtype(dtype).name, {}) if dtype is not None else {}
+        mine = {k: v for k, v in {**changes, **per_dtype}.items() if k in fields}
+        unknown = set(changes) - fields - {"float64", "float32", "float16", "bfloat16"}
+        if unknown:
+            raise ValueError(f"tolerance override: no policy field {sorted(unknown)}; the fields "
+                             f"are {sorted(fields)}")
+        return dataclasses.replace(self, **mine) if mine else self
+
     def u(self, dtype) -> tuple:
         """(u of results, u of sums) of a format under this policy."""
         name = numpy.dtype(dtype).name
