@@ -26,8 +26,8 @@ def axis_labels(shape, names=None):
 
 
 def _plural(label):
-    if label.startswith("axis "):
-        return f"indices of {label}"
+    if label == "index":
+        return "indices"
     if label.endswith(("s", "x", "ch", "sh")):
         return label + "es"
     return label[:-1] + "ies" if label.endswith("y") and label[-2:-1] not in "aeiou" else label + "s"
@@ -44,6 +44,9 @@ def position(index, shape, names=None) -> str:
 
 def describe_indices(which, n, label) -> str:
     """Words for a set of indices (a boolean array of length n) along one axis."""
+    if label.startswith("axis "):  # unnamed: 'index 3 of axis 2', 'even indices of axis 2'
+        words = describe_indices(which, n, "index")
+        return f"{words} of {label}"
     idx = np.flatnonzero(which)
     if len(idx) == 1:
         i = int(idx[0])
@@ -70,6 +73,9 @@ def structure(wrong, names=None) -> str:
     if wrong.ndim == 0 or not wrong.any() or wrong.all():
         return ""
     labels = axis_labels(wrong.shape, names)
+    triangle = _triangle(wrong, labels)
+    if triangle:
+        return triangle
     only, exact = [], []
     for axis, label in enumerate(labels):
         n = wrong.shape[axis]
@@ -78,17 +84,15 @@ def structure(wrong, names=None) -> str:
         per = wrong.any(axis=tuple(a for a in range(wrong.ndim) if a != axis))
         if per.all():
             continue
-        if per.sum() <= n - per.sum():
+        if per.sum() < n - per.sum():  # fewer wrong than exact; a tie reads "exact at"
             only.append(describe_indices(per, n, label))
         else:
             exact.append(describe_indices(~per, n, label))
     parts = []
     if only:
-        parts.append("wrong only at " + " and ".join(only))
+        parts.append("wrong only in " + " and ".join(only))
     if exact:
         parts.append("exact at " + " and at ".join(exact))
-    if not parts:
-        parts = [p for p in (_triangle(wrong, labels),) if p]
     return "; ".join(parts)
 
 
