@@ -35,7 +35,7 @@ def test_structure_names_exact_and_wrong_indices_along_each_axis():
         "exact at token 0 and at even features"
     head = np.zeros((2, 3, 4), bool)
     head[:, 2] = True
-    assert structure(head, None) == "wrong only in index 2 of axis 1"
+    assert structure(head, None) == "wrong only in index 2 (the last) of axis 1"
     assert structure(np.ones((2, 3), bool), None) == ""   # wrong everywhere: nothing to say
 
 
