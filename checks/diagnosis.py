@@ -26,7 +26,9 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
+from checks.attribution import fit_paths, representative
 from checks.legs import normwise
+from checks.localise import position, structure
 
 NO_PATTERN = "no common bug pattern fits"
 FIT_FACTOR = 8  # a pattern fits when G matches it within FIT_FACTOR x the check's tolerance
@@ -35,59 +37,94 @@ FIT_FACTOR = 8  # a pattern fits when G matches it within FIT_FACTOR x the check
 class Context(NamedTuple):
     """What the diagnosis may compare a tensor's gradient with, besides its trusted one."""
     trusted: dict                  # name -> trusted gradient of every checked tensor
-    constants: list                # [(value, label)] the scale factors worth naming
+    constants: list                # [(value, label, meaning)] the scale factors worth naming
     axes: dict                     # name -> axis names
     masks: list                    # [(label, boolean array: True where the mask applies)]
     ids: list                      # integer inputs (token ids), for repeated-id rows
     dout: np.ndarray               # the upstream gradient
     slice_vjp: Callable | None     # (axis, index) -> trusted grads with dout restricted to it
     heads: int | None = None       # H, when the layer splits its width into heads
+    dtype: str = "float64"         # the checked dtype
+    paths: Callable | None = None  # name -> (columns, sites) of checks.attribution, or None
+    float64: Callable | None = None  # name -> (float64 hand gradient or None, passes,
+    #                                  float64 tolerance) for a low-precision check
+
+
+SMALL = [(2.0, "2"), (0.5, "1/2"), (-2.0, "-2"), (-0.5, "-1/2"), (3.0, "3"), (1 / 3, "1/3"),
+         (4.0, "4"), (0.25, "1/4"), (10.0, "10"), (0.1, "1/10")]
 
 
 def constants_from(sizes: dict | None, static: dict, shapes) -> list:
-    """Scale factors a bug commonly introduces, each with a label: small ones, the layer's sizes
-    (n, 1/n, sqrt(n), 1/sqrt(n), B·T), and a rate r among the static arguments (1 - r...)."""
-    out = [(2.0, "2"), (0.5, "1/2"), (-2.0, "-2"), (-0.5, "-1/2"), (4.0, "4"), (0.25, "1/4")]
-    named = dict(sizes or {})
-    if not named:  # no declared sizes: every distinct axis length, unnamed
-        for n in sorted({int(n) for shape in shapes for n in shape if n > 1}):
-            named[f"n={n}"] = n
-    elif "B" in named and "T" in named:
-        named["B·T"] = named["B"] * named["T"]
-    for label, n in named.items():
-        if not isinstance(n, (int, np.integer)) or n <= 1:
-            continue
-        wrap = f"({label})" if "·" in label else label
-        out += [(float(n), label), (1.0 / n, f"1/{wrap}"),
-                (math.sqrt(n), f"sqrt({label})"), (1 / math.sqrt(n), f"1/sqrt({label})")]
+    """Scale factors of this case, most plausible first, each (value, label, meaning): small
+    numbers, the static rates r (1 - r ...), then the case's own sizes: the declared sizes
+    that are axis lengths of its tensors (a default the case overrides is no size of it), their
+    products B·T, square roots and inverses, then unnamed axis lengths."""
+    out = [(v, label, "") for v, label in SMALL]
     for label, r in static.items():
         if isinstance(r, float) and 0 < r < 1:
-            out += [(r, label), (1 / r, f"1/{label}"), (1 - r, f"1 - {label}"),
-                    (1 / (1 - r), f"1/(1 - {label})")]
+            out += [(r, label, ""), (1 / r, f"1/{label}", ""), (1 - r, f"1 - {label}", ""),
+                    (1 / (1 - r), f"1/(1 - {label})", "")]
+    lengths = {int(n) for shape in shapes for n in shape if n > 1}
+    named = {k: int(v) for k, v in (sizes or {}).items()
+             if isinstance(v, (int, np.integer)) and v > 1 and int(v) in lengths}
+    by_value = {}
+    for k, v in named.items():  # one name per length: the first declared (B before H)
+        by_value.setdefault(v, []).append(k)
+    unique = {k: v for k, v in named.items() if by_value[v][0] == k}
+    if "B" in unique and "T" in unique:
+        unique["B·T"] = unique["B"] * unique["T"]
+    for label, n in list(unique.items()) + [(str(n), n) for n in sorted(lengths)
+                                             if n not in by_value]:
+        wrap = f"({label})" if "·" in label else label
+        out += [(float(n), label, ""), (1.0 / n, f"1/{wrap}", ""),
+                (math.sqrt(n), f"sqrt({label})", ""), (1 / math.sqrt(n), f"1/sqrt({label})", "")]
     return out
 
 
+def _broadcast_constants(shape, out_shape, names_of):
+    """Means and sums over the output axes a tensor is broadcast over (a bias over B and T):
+    (value, label, meaning) for every non-empty set of those leading axes."""
+    if out_shape is None or len(out_shape) <= len(shape) or \
+            tuple(out_shape[len(out_shape) - len(shape):]) != tuple(shape):
+        return []
+    lead = range(len(out_shape) - len(shape))
+    found = []
+    for r in range(len(lead), 0, -1):
+        for axes in itertools.combinations(lead, r):
+            n = int(np.prod([out_shape[a] for a in axes]))
+            if n < 2:
+                continue
+            which = " and ".join(str(a) for a in axes)
+            label = names_of(n) or "·".join(str(out_shape[a]) for a in axes)
+            wrap = f"({label})" if "·" in label else label
+            word = "axes" if r > 1 else "axis"
+            found += [(1.0 / n, f"1/{wrap}", f"the mean over output {word} {which} instead of "
+                                             f"the sum"),
+                      (float(n), label, f"the sum over output {word} {which} instead of the "
+                                        f"mean")]
+    return found
+
+
 def name_constant(c: float, constants, rel: float) -> str:
-    """'2', 'sqrt(P) = 2.45', '2 = sqrt(P)' or '2.37' when no constant of the list is that close."""
-    hits = []
-    for value, label in constants:
-        if abs(c - value) <= rel * abs(value) and label not in hits:
-            hits.append(label)
-    if not hits:
-        return f"{c:.4g} (not a simple constant)"
-    pretty = " = ".join(hits)
-    return pretty if hits[0].lstrip("-").replace("/", "").replace(".", "").isdigit() \
-        else f"{pretty} = {c:.3g}"
+    """One explanation of c: the first (most plausible) constant of the list within rel,
+    '2', 'sqrt(P) = 2.449', '1/(B·T) = 0.06667 (the mean over ...)', else the bare number."""
+    text, meaning = _constant(c, constants, rel)
+    return text + (f" ({meaning})" if meaning else "")
+
+
+def _constant(c, constants, rel):
+    for entry in constants:
+        value, label = entry[0], entry[1]
+        if abs(c - value) <= rel * abs(value):
+            simple = label.lstrip("-").replace("/", "").replace(".", "").isdigit()
+            return (label if simple else f"{label} = {value:.4g}"), \
+                (entry[2] if len(entry) > 2 else "")
+    return f"{c:.4g} (not a constant of this case)", ""
 
 
 def locate(index, shape, axis_names) -> str:
-    """'batch 3, head 1, query 7, key 2' with axis names, a flat index otherwise."""
-    if index is None:
-        return ""
-    if axis_names and len(axis_names) == len(shape):
-        return ", ".join(f"{a} {i}" for a, i in zip(axis_names, index))
-    flat = int(np.ravel_multi_index(index, shape)) if shape else 0
-    return f"flat index {flat}"
+    """'batch 3, head 1, query 7, key 2' with axis names, 'index (3, 1, 7, 2)' otherwise."""
+    return position(index, shape, axis_names)
 
 
 def worst_index(g, ref):
@@ -99,18 +136,48 @@ def worst_index(g, ref):
 
 
 def diagnose(name: str, g: np.ndarray, ref: np.ndarray, ctx: Context, tol: float) -> str:
-    """The first common bug shape that fits g against its trusted gradient ref."""
+    """What the suspect gradient g most likely is, against its trusted gradient ref: a common
+    bug shape, else the sparse set of the oracle's paths that explains it, and where it is wrong
+    (axis by axis) when that is structured."""
     fit = FIT_FACTOR * tol
     if g.shape != ref.shape:
         return _diagnose_shape(g, ref, fit)
     if not (np.all(np.isfinite(g)) and np.all(np.isfinite(ref))):
         return ""
+    small = _small(name, g, ref, ctx, fit)
+    if small is not None:
+        return small
+    if ctx.float64 is not None:  # a low-precision check: explain the float64 run's error,
+        g64, passes, tol64 = ctx.float64(name)  # the bug without the dtype's rounding
+        if not passes and g64 is not None and g64.shape == ref.shape \
+                and np.all(np.isfinite(g64)):
+            g, fit = g64, FIT_FACTOR * tol64
+    found = ""
     for test in (_zero, _scaled, _transposed, _heads_mixed, _swapped, _masked, _repeated_ids,
-                 _one_slice, _skip_dropped):
+                 _one_slice, _skip_dropped, _paths):
         found = test(name, g, ref, ctx, fit)
         if found:
-            return found
-    return NO_PATTERN
+            break
+    scale = float(np.max(np.abs(ref))) if ref.size else 0.0
+    where = structure(np.abs(g - ref) > fit * scale, ctx.axes.get(name)) if scale else ""
+    if found and where and not found.startswith("wrong only where"):
+        return f"{found}; {where}"
+    return found or where or NO_PATTERN
+
+
+def _small(name, g, ref, ctx, fit):
+    """An error within FIT_FACTOR x the tolerance of the right gradient: rounding only when the
+    float64 check of the same kernel passes (an ill-conditioned case in a low precision);
+    otherwise a small but real error, explained like any other (None: go on)."""
+    if not _close(g, ref, fit):
+        return None
+    if ctx.float64 is not None:
+        _, passes, _ = ctx.float64(name)
+        if passes:
+            return (f"no bug shape: within {FIT_FACTOR}x the {ctx.dtype} tolerance of the right "
+                    f"gradient, and the float64 check of the same kernel passes (rounding in an "
+                    f"ill-conditioned case)")
+    return None
 
 
 def _close(a, b, fit):
@@ -131,11 +198,24 @@ def _scaled(name, g, ref, ctx, fit):
     if not _close(g, c * ref, fit):
         return ""
     if abs(c - 1) <= fit:
-        return (f"no bug shape: within {FIT_FACTOR}x the tolerance of the right gradient "
-                f"(rounding in an ill-conditioned case?)")
+        return (f"a small error ({normwise(g, ref):.2g} of the largest element) that no bug "
+                f"shape explains" + ("; the float64 check fails too" if ctx.float64 else ""))
     if abs(c + 1) <= max(fit, 1e-6):
         return "wrong sign: the gradient is -1 x the right one"
-    return f"scaled by a constant: {name_constant(c, ctx.constants, max(fit, 1e-6))} x the right one"
+    names_of = _size_namer(ctx.constants)
+    constants = list(ctx.constants[:len(SMALL)]) + _broadcast_constants(
+        g.shape, ctx.dout.shape, names_of) + list(ctx.constants[len(SMALL):])
+    text, meaning = _constant(c, constants, max(fit, 1e-6))
+    return f"scaled by a constant: {text} x the right one" + (f": {meaning}" if meaning else "")
+
+
+def _size_namer(constants):
+    """n -> the label of a declared size (or product) equal to n, else ''."""
+    labels = {}
+    for value, label, _ in constants[len(SMALL):]:
+        if value >= 2 and float(value).is_integer() and not label.isdigit():
+            labels.setdefault(int(value), label)
+    return lambda n: labels.get(int(n), "")
 
 
 def _transposed(name, g, ref, ctx, fit):
@@ -171,13 +251,7 @@ def _swapped(name, g, ref, ctx, fit):
 def _masked(name, g, ref, ctx, fit):
     scale = float(np.max(np.abs(ref)))
     wrong = np.abs(g - ref) > fit * scale
-    regions = list(ctx.masks)
-    axes = ctx.axes.get(name) or ()
-    if "query" in axes and "key" in axes:  # the causal triangle: keys after the query
-        qa, ka = axes.index("query"), axes.index("key")
-        q = np.arange(g.shape[qa]).reshape([-1 if i == qa else 1 for i in range(g.ndim)])
-        k = np.arange(g.shape[ka]).reshape([-1 if i == ka else 1 for i in range(g.ndim)])
-        regions.append(("the causal mask (keys after the query)", np.broadcast_to(k > q, g.shape)))
+    regions = list(ctx.masks)  # triangles of equal-length axes: checks.localise
     for label, region in regions:
         if np.shape(region) != g.shape:
             continue
@@ -218,6 +292,37 @@ def _skip_dropped(name, g, ref, ctx, fit):
     if g.shape == ctx.dout.shape and _close(g + ctx.dout, ref, fit):
         return "the skip connection's gradient is missing: hand + dout equals the right gradient"
     return ""
+
+
+def _paths(name, g, ref, ctx, fit):
+    """The sparse set of the oracle's paths whose contributions explain g - ref."""
+    got = ctx.paths(name) if ctx.paths is not None else None
+    if got is None:
+        return ""
+    columns, sites = got
+    found = fit_paths(g - ref, columns, sites, ref, fit)
+    if found is None:
+        return ""
+    rel = max(fit, 1e-6)
+    phrases = []
+    for k, a in found.terms:
+        site = sites[representative(k, columns, sites, fit)]
+        phrases.append(_path_phrase(site, a, ctx.constants, rel))
+    return "; ".join(phrases)
+
+
+def _path_phrase(site, a, constants, rel):
+    what = site.describe()
+    if site.kind == "untransposed":
+        if abs(a - 1) <= rel:
+            return (f"in {what} the gradient takes the other operand untransposed (two of its "
+                    f"axes swapped)")
+        return f"in {what} the gradient mixes the other operand untransposed ({a:.3g} x)"
+    if abs(a + 1) <= rel:
+        return f"missing the path through {what}"
+    if abs(a + 2) <= rel:
+        return f"the path through {what} has the wrong sign"
+    return f"the path through {what} is scaled by {name_constant(1 + a, constants, rel)}"
 
 
 def _diagnose_shape(g, ref, fit):

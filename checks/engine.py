@@ -180,6 +180,7 @@ class LayerCheck:
         except Exception as exc:
             raise _Failed("backward", _raised("hand backward", exc))
         self.out, self.dinputs, self.dparams = np.asarray(to_numpy(out)), dinputs, dparams
+        self.cache = cache
 
     def compare_forward(self):
         out = self.out
@@ -341,7 +342,7 @@ class LayerCheck:
                              if getattr(v, "dtype", None) == bool],
                       ids=[x for x in self.host_inputs if x.dtype.kind in "iu"],
                       dout=self.dout64, slice_vjp=_slice_vjp(self.ref, self.dout64),
-                      heads=(self.sizes or {}).get("H"))
+                      heads=(self.sizes or {}).get("H"), **self._explain_hooks())
         for result in self.results:
             if result.ok or result.name not in pairs or pairs[result.name][0] is None \
                     or result.score <= 1:  # nothing to explain between hand and oracle
@@ -351,9 +352,30 @@ class LayerCheck:
                 (g_hand, g_auto)
             result.diagnosis = diagnose(result.name, suspect, trusted, ctx,
                                         self._fit_tol(result))
+            result.difference = suspect - trusted
             result.location = locate(result.worst, result.shape, self.axes.get(result.name))
             if not self.forward_ok:
                 result.note = "moot while the forward disagrees with the oracle"
+
+    def _explain_hooks(self):
+        """What checks.diagnosis needs beyond the gradients: the dtype, the oracle's paths and,
+        for a low-precision check, the same kernel run in float64 (checks.explain)."""
+        from checks.explain import float64_rerun
+        from checks.attribution import for_oracle
+        names = {i: self.names[i] for i in self.diff_idx}
+        tol64 = lambda j: self._tol_at(j, np.float64)
+        return dict(dtype=str(self.dtype), paths=for_oracle(self.ref, self.dout64, names),
+                    float64=None if self.dtype == np.float64 else float64_rerun(
+                        self.forward_fn, self.backward_fn, self.inputs64, self.params64,
+                        self.static, self.dout64, self.names, self.judges, tol64))
+
+    def _tol_at(self, judge, dtype):
+        """The element-wise tolerance of a judge's tensor for a check in another dtype."""
+        spread = self._spread_of(judge.key)
+        if spread is None:
+            return judge.tol
+        u = self.policy.u(np.dtype(dtype))
+        return self.policy.elementwise(spread.at(u, u, 0.0), judge.g_auto, np.dtype(dtype))
 
     # --- the pipeline ----------------------------------------------------------------------
 

@@ -33,6 +33,8 @@ class TensorResult:
     location: str = ""                    # the same, with the layer's axis names
     diagnosis: str = ""                   # the common bug shape that fits, when one does
     note: str = ""                        # something the user should know even when it passes
+    difference: object = dataclasses.field(default=None, repr=False, compare=False)
+    #                                       suspect minus trusted leg (failures), for plots
 
 
 @dataclasses.dataclass
@@ -74,7 +76,8 @@ class Report:
 
 
 def _tensor_dict(t):
-    d = {k: _num(v) for k, v in dataclasses.asdict(t).items() if k != "verdict"}
+    d = {f.name: _num(getattr(t, f.name)) for f in dataclasses.fields(t)
+         if f.name not in ("verdict", "difference")}
     d["verdict"] = t.verdict.kind.name if t.verdict else None
     d["message"] = str(t.verdict) if t.verdict else ""
     return d

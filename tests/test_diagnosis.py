@@ -17,7 +17,7 @@ OTHER = RNG.standard_normal((2, 4, 4))
 
 def ctx(**kw):
     base = dict(trusted={"WQ": R, "WK": OTHER}, axes={"WQ": ("head", "row", "col")},
-                constants=constants_from({"B": 3, "T": 5, "P": 6}, {"rate": 0.25}, []),
+                constants=constants_from({"B": 3, "T": 5, "P": 6}, {"rate": 0.25}, [(3, 5, 6)]),
                 masks=[], ids=[], dout=RNG.standard_normal((3, 5, 8)), slice_vjp=None)
     return Context(**{**base, **kw})
 
@@ -26,10 +26,10 @@ def ctx(**kw):
     (np.zeros_like(R), "identically zero"),
     (-R, "wrong sign"),
     (2 * R, "scaled by a constant: 2 x"),
-    (R / np.sqrt(6), "scaled by a constant: 1/sqrt(P) = 0.408"),
+    (R / np.sqrt(6), "scaled by a constant: 1/sqrt(P) = 0.4082"),
     (15 * R, "scaled by a constant: B·T = 15"),
     (0.75 * R, "scaled by a constant: 1 - rate = 0.75"),
-    (1.2345 * R, "1.234 (not a simple constant)"),
+    (1.2345 * R, "1.234 (not a constant of this case)"),
     (R.transpose(0, 2, 1), "transposed per head"),
     (OTHER, "looks like dWQ and dWK are swapped"),
     (R + RNG.standard_normal(R.shape), NO_PATTERN),
@@ -42,9 +42,9 @@ def test_wrong_only_in_the_causal_triangle():
     scores = RNG.standard_normal((2, 3, 4, 4))   # (batch, head, query, key)
     g = scores + np.triu(RNG.standard_normal((4, 4)), k=1)  # wrong only for keys after the query
     c = ctx(trusted={"s": scores}, axes={"s": ("batch", "head", "query", "key")})
-    assert "wrong only where the causal mask" in diagnose("s", g, scores, c, TOL)
-    g_below = scores + np.tril(RNG.standard_normal((4, 4)))
-    assert diagnose("s", g_below, scores, c, TOL) == NO_PATTERN
+    assert "wrong only above the diagonal of (query, key)" in diagnose("s", g, scores, c, TOL)
+    g_below = scores + np.tril(RNG.standard_normal((4, 4)), k=-1)
+    assert "wrong only below the diagonal of (query, key)" in diagnose("s", g_below, scores, c, TOL)
 
 
 def test_repeated_ids_assigned_not_accumulated():
@@ -72,7 +72,7 @@ def test_heads_merged_with_the_wrong_transpose():
     g = ref.reshape(2, 3, 2, 6).swapaxes(-1, -2).reshape(2, 3, 12)
     c = ctx(trusted={"x": ref}, heads=2)
     assert "laid out as (P, H)" in diagnose("x", g, ref, c, TOL)
-    assert diagnose("x", g, ref, ctx(trusted={"x": ref}), TOL) == NO_PATTERN  # H unknown
+    assert "laid out" not in diagnose("x", g, ref, ctx(trusted={"x": ref}), TOL)  # H unknown
 
 
 def test_skip_connection_dropped():
@@ -85,8 +85,8 @@ def test_skip_connection_dropped():
 def test_location_with_and_without_axis_names():
     assert locate((0, 2, 3, 5), (1, 4, 8, 8), ("batch", "head", "query", "key")) == \
         "batch 0, head 2, query 3, key 5"
-    assert locate((1, 2), (3, 4), None) == "flat index 6"
-    assert locate((1, 2), (3, 4), ("only one name",)) == "flat index 6"
+    assert locate((1, 2), (3, 4), None) == "index (1, 2)"      # a multi-index, never flat
+    assert locate((1, 2), (3, 4), ("only one name",)) == "index (1, 2)"
 
 
 def _attention_case(dtype=np.float64):
@@ -130,8 +130,8 @@ def test_scale_is_named_with_the_layer_sizes():
     report = check_layer(kernels.mha_forward, unscaled, reference.mha, [x], params,
                          sizes={"B": 2, "T": 4, "D": 12, "H": 2, "P": 6})
     wq = next(t for t in report.tensors if t.name == "WQ")
-    assert report.failing == ["WQ"] and "sqrt(P) = 2.45" in wq.diagnosis
-    assert wq.location.startswith("flat index")  # no axis names given
+    assert report.failing == ["WQ"] and "sqrt(P) = 2.449" in wq.diagnosis
+    assert wq.location.startswith("index (")  # no axis names given
 
 
 def test_fd_schemes_agree_on_a_correct_pair_and_catch_a_bug():
