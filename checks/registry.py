@@ -115,7 +115,7 @@ def _dropout_case(rng, dtype, s):
 
 
 def _model_case(rng, dtype, s):
-    """The whole model (issue 4), two blocks per side at sizes that keep every tensor's
+    """The whole model, two blocks per side at sizes that keep every tensor's
     element-wise finite differences quick: D = 6, H = 2 (P = 3), F = 8, V = 4 (digits 0 and 1,
     Start, Finish), so V != D != F; B and T as given.  Weights of scale 1/sqrt(fan-in) and random biases, so attention
     is far from uniform; redrawn (at most 100 times, as in ff_params) until every feed-forward

@@ -7,7 +7,7 @@ Notation used in every shape comment of this package:
     D  model width              H  heads            P = D / H  head width
     F  feed-forward width (4 D by default)          V  vocabulary size
 
-Contract (see DESIGN.md): each layer family lives in one module, ``*_forward`` directly
+Contract (docs/adding-a-layer.md): each layer family lives in one module, ``*_forward`` directly
 above ``*_backward``.  ``name_forward(*inputs, params, **static) -> (out, cache)`` and
 ``name_backward(dout, cache) -> (dinputs, grads)`` where ``grads`` has exactly the keys of
 ``params`` and ``dinputs`` is the gradient of the single differentiable input, a tuple in

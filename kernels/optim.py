@@ -12,7 +12,7 @@ Schedules map a 0-based step to a rate:
   start / warmup), then linear decay to ``finish`` at the last step (total - 1); clamped to
   [finish, start], so never negative.
 * ``article``: the same warm-up from 0 (its first step has rate 0), then
-  ``start - (start - finish) * step / (total - warmup)``.  SEED_SPEC.md gives the article's
+  ``start - (start - finish) * step / (total - warmup)``.  The article (docs/article.md) gives its
   behaviour, not its expression: this decay uses the step instead of the steps since the
   warm-up, so it reaches 0 at step (total - warmup) * start / (start - finish), before the end,
   and is negative afterwards, as described.  Called with the epoch's step counter (as the
