@@ -1,7 +1,8 @@
-"""python -m checks [table options] | calibrate | zoo | steps LAYER.
+"""python -m checks [table options] | calibrate | sensitivity | zoo | steps LAYER.
 
     python -m checks [--json] [--dtype float64|float32] [--layer NAME ...] [--fd SCHEME]
     python -m checks calibrate [--seeds 200] [--workers 2] [--layer NAME ...]
+    python -m checks sensitivity [--layer NAME ...] [--dtype float32] [--large]
     python -m checks zoo
     python -m checks steps LAYER [--out results/steps]
 
@@ -18,7 +19,7 @@ from checks.legs import FD_SCHEMES
 from checks.registry import BY_NAME, ROWS, run_row
 from checks.report import format_table, reports_to_json
 
-COMMANDS = ("calibrate", "zoo", "steps")
+COMMANDS = ("calibrate", "sensitivity", "zoo", "steps")
 
 
 class UsageError(Exception):
@@ -83,6 +84,16 @@ def calibrate(args) -> int:
     return 1 if alarms else 0
 
 
+def sensitivity(args) -> int:
+    from checks.sensitivity import format_sensitivity, sensitivity as run, summary
+    rows = args.layer or ROWS
+    dtypes = [args.dtype] if args.dtype else ["float64", "float32"]
+    results = run(rows, dtypes, large=args.large, seed=args.seed, workers=args.workers)
+    print(format_sensitivity(results))
+    print("\n" + summary(results))
+    return 0 if all(s.met is not False for s in results) else 1
+
+
 def zoo(args) -> int:
     from checks.zoo import format_zoo, run_zoo
     results = run_zoo()
@@ -111,6 +122,19 @@ def parser_for(command):
         p.add_argument("--shape-seed", type=int, default=0,
                        help="seed of the random shapes (8 drawn per run, the default one included)")
         return p, calibrate
+    if command == "sensitivity":
+        p = Parser(prog="python -m checks sensitivity",
+                   description="relative errors injected into correct hand gradients (a whole "
+                               "tensor, one slice, one element): the smallest caught per layer, "
+                               "dtype and pattern, against the goals")
+        p.add_argument("--layer", action="append", type=_layer, help="only this layer")
+        p.add_argument("--dtype", choices=["float64", "float32"], help="one dtype only")
+        p.add_argument("--large", action="store_true",
+                       help="also at the bench's large size (B 32, T 64, D 256, H 8, F 1024)")
+        p.add_argument("--seed", type=int, default=0, help="seed of inputs and directions")
+        p.add_argument("--workers", type=int, default=0,
+                       help="worker processes (0: in this process)")
+        return p, sensitivity
     if command == "zoo":
         return Parser(prog="python -m checks zoo",
                       description="the bug zoo: classic backprop bugs, caught and diagnosed"), zoo

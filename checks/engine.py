@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import traceback
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -434,6 +434,7 @@ class Judge:
         self.name, self.key, self.x, self.g_auto, self.tol = name, key, x, g_auto, tol
         self.dtype, self.fd, self.policy = dtype, fd, policy
         self.measured: Measured | None = None
+        self.fd_tols: FdTolerances | None = None
         self.rng = rng
         self.last_hand = None
         self._kinked = None
@@ -441,6 +442,7 @@ class Judge:
     def _measure(self):
         if self.measured is None:
             self.measured = self.fd.measure(self.key, self.x, self.rng)
+            self.fd_tols = _fd_tolerances(self.g_auto, self.measured)
         return self.measured
 
     def judge(self, hand) -> TensorResult:
@@ -485,7 +487,8 @@ class Judge:
             result.verdict = Verdict(Kind.RAISED, _raised("hand forward, at a finite-difference "
                                                           "point,", exc))
             return result
-        hand_fd, auto_fd, tol_fd, hand_fd_ok, auto_fd_ok = _against_fd(h, g, self.tol, m)
+        hand_fd, auto_fd, tol_fd, hand_fd_ok, auto_fd_ok = _against_fd(h, g, self.tol, m,
+                                                                         self.fd_tols)
         result.hand_vs_fd, result.autodiff_vs_fd, result.tol_fd = hand_fd, auto_fd, tol_fd
         if not (math.isfinite(hand_fd) and math.isfinite(auto_fd)):
             result.verdict = Verdict(Kind.NON_FINITE, "in the finite differences")
@@ -504,16 +507,32 @@ class Judge:
         return result
 
 
-def _against_fd(h, g, tol, m: Measured):
+class FdTolerances(NamedTuple):
+    """The finite-difference tolerances of one tensor's measurements against its autodiff
+    gradient g: they depend on g's scale only, so a judge computes them once."""
+    scales: list                 # |g| |v| per direction
+    directions: list             # relative tolerance per direction
+    elements: np.ndarray | None  # relative tolerance per element (element-wise FD), or None
+    element_scale: float         # max |g|
+
+
+def _fd_tolerances(g, m: Measured) -> FdTolerances:
+    norm_g = float(np.linalg.norm(g))
+    scales = [norm_g * float(np.linalg.norm(v)) for v in m.directions]
+    directions = [tol_of(scale) for tol_of, scale in zip(m.tols, scales)]
+    element_scale = float(np.max(np.abs(g))) if g.size else 0.0
+    elements = None if m.elements is None else np.array(
+        [tol_of(element_scale) for tol_of in m.element_tols]).reshape(g.shape)
+    return FdTolerances(scales, directions, elements, element_scale)
+
+
+def _against_fd(h, g, tol, m: Measured, fd_tols: FdTolerances):
     """(hand vs FD, autodiff vs FD, FD tolerance, hand agrees, autodiff agrees): errors relative
     to |g| |v| along directions and to max |g| element-wise.  The hand leg may differ from FD by
     FD's error plus its own rounding (sum |v_i| tol_i)."""
     hand_err = auto_err = worst_tol = 0.0
     hand_ok = auto_ok = True
-    norm_g = float(np.linalg.norm(g))
-    for v, d, tol_of in zip(m.directions, m.values, m.tols):
-        scale = norm_g * float(np.linalg.norm(v))
-        t = tol_of(scale)
+    for v, d, t, scale in zip(m.directions, m.values, fd_tols.directions, fd_tols.scales):
         own = float(np.sum(np.abs(v) * tol))
         eh, ea = abs(float(np.sum(h * v)) - d), abs(float(np.sum(g * v)) - d)
         hand_ok &= eh <= t * scale + own
@@ -521,8 +540,7 @@ def _against_fd(h, g, tol, m: Measured):
         hand_err, auto_err = max(hand_err, _rel(eh, scale)), max(auto_err, _rel(ea, scale))
         worst_tol = max(worst_tol, t)
     if m.elements is not None:
-        scale = float(np.max(np.abs(g))) if g.size else 0.0
-        t = np.array([tol_of(scale) for tol_of in m.element_tols]).reshape(g.shape)
+        scale, t = fd_tols.element_scale, fd_tols.elements
         eh, ea = np.abs(h - m.elements), np.abs(g - m.elements)
         if not (np.all(np.isfinite(eh)) and np.all(np.isfinite(ea))):
             return math.inf, math.inf, worst_tol, False, False

@@ -198,12 +198,14 @@ def named_sizes(sizes=None):
     return {**s, "P": s["D"] // s["H"]}
 
 
-def run_row(row, dtype, *, seed=0, sizes=None, xp=np, fd="central", backward=None,
-            transform=None):
-    """Check one row at one dtype on one backend (xp: numpy or cupy).  ``backward`` replaces
-    the row's own (the bug zoo checks broken ones this way); ``transform(rng, inputs, params)
-    -> (inputs, params)`` reshapes the drawn inputs (the calibration's ill-conditioned cases)."""
-    from checks.engine import check_layer
+def layer_check(row, dtype, *, seed=0, sizes=None, xp=np, fd="central", backward=None,
+                transform=None):
+    """The check of one row at one dtype on one backend (xp: numpy or cupy), ready to run:
+    ``layer_check(...).run()`` is the report, and the check keeps what its stages computed.
+    ``backward`` replaces the row's own (the bug zoo checks broken ones this way);
+    ``transform(rng, inputs, params) -> (inputs, params)`` reshapes the drawn inputs (the
+    calibration's ill-conditioned cases)."""
+    from checks.engine import LayerCheck
     if fd == "complex" and not row.analytic:
         raise ValueError(f"fd: the complex step needs an analytic layer; {row.name} is not")
     rng = np.random.default_rng(seed)
@@ -212,7 +214,12 @@ def run_row(row, dtype, *, seed=0, sizes=None, xp=np, fd="central", backward=Non
         inputs, params = transform(rng, inputs, params)
     inputs = [xp.asarray(x) for x in inputs]
     params = {k: xp.asarray(v) for k, v in params.items()}
-    return check_layer(row.forward, backward or row.backward, row.oracle, inputs, params,
-                       static=static, nondiff=row.nondiff, seed=seed, name=row.name,
-                       input_names=row.input_names, axes=row.axes, sizes=named_sizes(sizes),
-                       fd=fd, policy=row.policy(dtype))
+    return LayerCheck(row.forward, backward or row.backward, row.oracle, inputs, params,
+                      static=static, nondiff=row.nondiff, seed=seed, name=row.name,
+                      input_names=row.input_names, axes=row.axes, sizes=named_sizes(sizes),
+                      fd=fd, policy=row.policy(dtype))
+
+
+def run_row(row, dtype, **options):
+    """Check one row at one dtype: the report (options as ``layer_check``)."""
+    return layer_check(row, dtype, **options).run()

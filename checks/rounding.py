@@ -46,7 +46,7 @@ import numpy as np
 from jax.extend import core as jcore
 
 U_SIM = 2.0 ** -30   # the simulation's roundoff; spreads are scaled by u / U_SIM
-SAMPLES = 8          # perturbed runs per part of the program
+SAMPLES = 16         # perturbed runs per part of the program (checks.tolerances: LAMBDA)
 PARTS = ("forward", "forward_sums", "backward", "backward_sums", "inputs")
 
 EXACT = {"neg", "abs", "sign", "max", "min", "select_n", "reshape", "transpose",

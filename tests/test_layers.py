@@ -1,9 +1,13 @@
 """Every registry row x dtype x backend: forward against the oracle, every gradient tensor
-against autodiff and finite differences, all with a random upstream gradient."""
+against autodiff and finite differences, all with a random upstream gradient; then the same
+check's sensitivity: relative errors injected into the correct gradients must be caught at the
+goals of ``checks.sensitivity`` (float64 1e-8 for a whole tensor, a slice or an element;
+float32 1e-4 for a whole tensor or a slice)."""
 import numpy as np
 import pytest
 
-from checks.registry import ROWS, run_row
+from checks.registry import ROWS, layer_check
+from checks.sensitivity import measure
 
 DTYPES = [np.float64, np.float32]
 
@@ -11,7 +15,8 @@ DTYPES = [np.float64, np.float32]
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("row", ROWS, ids=lambda r: r.name)
 def test_layer_gradients(row, dtype, xp):
-    report = run_row(row, dtype, seed=1, xp=xp)
+    check = layer_check(row, dtype, seed=1, xp=xp)
+    report = check.run()
     assert report.ok, "\n" + str(report)
     # every differentiable tensor was compared, in the requested dtype
     assert report.dtype == np.dtype(dtype).name
@@ -20,3 +25,6 @@ def test_layer_gradients(row, dtype, xp):
     assert all(t.hand_vs_autodiff <= t.tol for t in report.tensors)
     if np.dtype(dtype) == np.float64:  # the foundation's bar: float64 hand within ~1e-10 of autodiff
         assert max(t.hand_vs_autodiff for t in report.tensors) < 1e-10
+    for s in measure(check):
+        assert s.met is not False, f"{s.pattern}: {s.eps:.1e} caught at {s.where}, goal {s.goal}"
+        assert s.eps > 0  # something was injected and measured
