@@ -81,6 +81,14 @@ def calibrate(args) -> int:
     for m in alarms:
         print(f"\nfalse alarm in {m.layer} {m.dtype} ({m.case}): {m.first_alarm}")
     print("\n" + summary(margins))
+    if args.write_docs:
+        from checks.docs import DOCS, write_section
+        command = "python -m checks " + args.command_line
+        write_section(DOCS / "tolerances.md", "calibration", "\n".join([
+            "```", f"$ {command}", format_margins(
+                [m for m in margins if m.case == "random shapes"]), "",
+            format_cases(margins), "", summary(margins), "```"]))
+        print(f"wrote the tables into {DOCS / 'tolerances.md'}")
     return 1 if alarms else 0
 
 
@@ -91,6 +99,13 @@ def sensitivity(args) -> int:
     results = run(rows, dtypes, large=args.large, seed=args.seed, workers=args.workers)
     print(format_sensitivity(results))
     print("\n" + summary(results))
+    if args.write_docs:
+        from checks.docs import DOCS, write_section
+        command = "python -m checks " + args.command_line
+        write_section(DOCS / "tolerances.md", "sensitivity", "\n".join([
+            "```", f"$ {command}", format_sensitivity(results), "", summary(results),
+            "```"]))
+        print(f"wrote the table into {DOCS / 'tolerances.md'}")
     return 0 if all(s.met is not False for s in results) else 1
 
 
@@ -121,6 +136,8 @@ def parser_for(command):
         p.add_argument("--fd", choices=FD_SCHEMES, default="central", help="FD scheme")
         p.add_argument("--shape-seed", type=int, default=0,
                        help="seed of the random shapes (8 drawn per run, the default one included)")
+        p.add_argument("--write-docs", action="store_true",
+                       help="write the tables into docs/tolerances.md")
         return p, calibrate
     if command == "sensitivity":
         p = Parser(prog="python -m checks sensitivity",
@@ -134,6 +151,8 @@ def parser_for(command):
         p.add_argument("--seed", type=int, default=0, help="seed of inputs and directions")
         p.add_argument("--workers", type=int, default=0,
                        help="worker processes (0: in this process)")
+        p.add_argument("--write-docs", action="store_true",
+                       help="write the table into docs/tolerances.md")
         return p, sensitivity
     if command == "zoo":
         return Parser(prog="python -m checks zoo",
@@ -163,7 +182,9 @@ def main(argv=None) -> int:
     command = argv[0] if argv and argv[0] in COMMANDS else None
     parser, run = parser_for(command)
     try:
-        return run(parser.parse_args(argv[1:] if command else argv))
+        args = parser.parse_args(argv[1:] if command else argv)
+        args.command_line = " ".join(argv)
+        return run(args)
     except UsageError as exc:
         print(f"{parser.prog}: error: {exc}", file=sys.stderr)
         return 2

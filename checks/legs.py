@@ -23,7 +23,6 @@ from checks import tolerances
 from checks.rounding import RoundingModel, Unsupported
 from kernels.backend import to_numpy
 
-FD_ELEMENTWISE_MAX = 256  # tensors up to this many elements also get an element-wise check
 FD_DIRECTIONS = 3         # random directions per tensor, always
 FD_SCHEMES = ("central", "richardson", "complex", "none")
 KINK_FACTOR = 10          # a kink: second differences off by 10 x the FD tolerance
@@ -263,7 +262,7 @@ class FiniteDifferences:
 
     def measure(self, key, x, rng) -> Measured:
         """FD derivatives of tensor x along FD_DIRECTIONS random directions, and element by
-        element when x has at most FD_ELEMENTWISE_MAX elements."""
+        element when x has at most the policy's FD_ELEMENTWISE_MAX elements."""
         size = float(np.sqrt(np.mean(x * x))) if x.size else 1.0
         directions, values, tols = [], [], []
         if self.skipped:
@@ -276,7 +275,7 @@ class FiniteDifferences:
             values.append(d)
             tols.append(tol_of)
         elements, element_tols = None, []
-        if x.size <= FD_ELEMENTWISE_MAX:
+        if x.size <= self.policy.FD_ELEMENTWISE_MAX:
             elements = np.empty(x.shape)
             for i, e in enumerate(_unit_vectors(x.shape)):
                 d, tol_of = self.derivative(key, x, e, size)

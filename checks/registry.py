@@ -185,8 +185,10 @@ ROWS = [
         min_sizes={"D": 4}),
     Row("dropout", kernels.dropout_forward, kernels.dropout_backward, reference.dropout,
         _dropout_case, static={"rate": 0.25}, axes={"x": BTD}, analytic=True),
+    # element-wise finite differences of all 42 tensors would run the whole model 2000 times
+    # per check; every layer gets them in its own row, the model its random directions
     Row("model", whole_model.model_forward, whole_model.model_backward, reference.model,
-        _model_case, input_names=("src", "tgt")),
+        _model_case, input_names=("src", "tgt"), tolerance={"FD_ELEMENTWISE_MAX": 0}),
 ]
 
 BY_NAME = {row.name: row for row in ROWS}

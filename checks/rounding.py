@@ -32,8 +32,9 @@ its sums, and the inputs — so a kernel that rounds its results to float16 but 
 float32, or whose forward runs in a lower precision than its backward, is modelled part by part
 (``Spread.at``).
 
-All samples run as one program under ``jax.vmap``, compiled once per oracle and shape; each
-operation's noise amplitude comes from one exact run (``RoundingModel``).
+Each part's samples run under ``jax.vmap`` in one program, compiled once per oracle and shape
+and called once per part (memory holds one part's runs); each operation's noise amplitude comes
+from one exact run (``RoundingModel``).
 """
 from __future__ import annotations
 
@@ -114,19 +115,15 @@ class RoundingModel:
     def _eval(self, flat, noise):
         return _eval(self.closed.jaxpr, self.closed.consts, flat, self.backward_in, noise)
 
-    def _spreads(self, flat, noises):
+    def _spreads(self, flat, noises, part):
+        """Root-mean-square deviation of every output under the noise of one part only."""
         amplitudes = []
         exact = self._eval(flat, _Noise("amplitude", amplitudes))
-        n, total = self.samples, self.samples * len(PARTS)
-        full = [jnp.zeros((total,) + shape).at[part * n:(part + 1) * n].set(U_SIM * xi)
-                for xi, (shape, part) in zip(noises, self.record)]       # (5 N, ...) each
+        z = [jnp.where(p == part, U_SIM * xi, 0.0)                      # (N, ...) each
+             for xi, (_, p) in zip(noises, self.record)]
         perturbed = jax.vmap(lambda f, z: self._eval(f, _Noise("perturb", amplitudes, z)),
-                             in_axes=(None, 0))(flat, full)
-        out = []
-        for p, e in zip(perturbed, exact):
-            dev = (p - e) ** 2                                                # (5 N, ...)
-            out.append(jnp.sqrt(dev.reshape((len(PARTS), n) + jnp.shape(e)).mean(axis=1)))
-        return out
+                             in_axes=(None, 0))(flat, z)
+        return [jnp.sqrt(jnp.mean((p - e) ** 2, axis=0)) for p, e in zip(perturbed, exact)]
 
     def spread(self, args, seed=0):
         """A pytree like the program's output with one Spread per leaf."""
@@ -135,7 +132,10 @@ class RoundingModel:
         # each part's noise for its own samples only; float32 draws: the noise needs no precision
         noises = [rng.standard_normal((self.samples,) + shape, np.float32)  # (N, ...) each
                   for shape, _ in self.record]
-        spreads = [Spread(*np.asarray(rms, np.float64)) for rms in self._run(flat, noises)]
+        # one compiled program, run once per part: memory holds one part's N runs
+        per_part = [self._run(flat, noises, part) for part in range(len(PARTS))]
+        spreads = [Spread(*(np.asarray(rms, np.float64) for rms in leaf))
+                   for leaf in zip(*per_part)]
         return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(self.shapes), spreads)
 
 

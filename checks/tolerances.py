@@ -16,9 +16,9 @@ Notation: u is the unit roundoff of a format (2^-53 float64, 2^-24 float32, 2^-1
    program.  Were the model's spread exact, a correct kernel's error over the estimate,
    e_i / s_i, would be Student's t with 16 degrees of freedom: P(|t| > 16) = 3e-11 per element,
    so a million elements checked give a false alarm with probability 3e-5.  The model is in
-   practice pessimistic (its noise has the rms of the rounding bound u; round-to-nearest's
-   relative error is uniform within it): the lab's correct float32 kernels err by 0.1-0.4 of the
-   spread in rms (``docs/tolerances.md``), which is further margin, not a licence to tighten.
+   practice pessimistic (its noise has the rms of the rounding bound u, while round-to-nearest's
+   relative error is spread within it), which is further margin, not a licence to tighten: the
+   calibration (``docs/tolerances.md``) shows how much room correct kernels leave.
    ULPS = 4 allows the final rounding of a result the oracle obtains exactly (a kernel may
    compute an element the oracle copies); tiny is the format's smallest normal number.
    The error reported is max_i |hand_i - autodiff_i| / tol_i: 1 is the edge.
@@ -86,6 +86,7 @@ class Policy:
     ULPS: float = 4.0               # plus this many units of the element's own last place
     FD_SAFETY: float = 1e4          # FD truncation constant (third derivatives of order ten)
     COMPLEX_STEP_ULPS: float = 1e3  # complex step: rounding only
+    FD_ELEMENTWISE_MAX: int = 256   # tensors up to this size also get element-wise FD
     LOW_PRECISION: str = "float32"  # the lower precision a float64 forward is recognised in
     # the roundoff of results and of sums per format: (u of results, u of sums); None = u, u
     accumulate: tuple = ()          # e.g. (("float16", "float32"),): float16 sums in float32

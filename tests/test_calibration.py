@@ -1,0 +1,46 @@
+"""Calibration: the docs' tables are the command's output and say 0 false alarms; a small slice
+of the same calibration reruns here; a false alarm is counted, never hidden."""
+import re
+
+import numpy as np
+import pytest
+
+from checks import docs
+from checks.calibrate import ALL_CASES, Margin, calibrate, format_cases, summary
+from checks.registry import BY_NAME, run_row
+
+
+def test_docs_tables_are_the_commands_output_and_report_no_false_alarm():
+    text = docs.section(docs.DOCS / "tolerances.md", "calibration")
+    assert text.startswith("```\n$ python -m checks calibrate")
+    # every row of the registry, both dtypes, in the random-shapes table
+    for row in BY_NAME:
+        for dtype in ("float64", "float32"):
+            assert re.search(rf"^{re.escape(row)}\s+\| {dtype}", text, re.M), (row, dtype)
+    assert all(case in text for case in ALL_CASES)
+    seeds = [int(n) for n in re.findall(r"^\S+\s+\| float\d\d\s+\| (\d+)", text, re.M)]
+    assert seeds and min(seeds) >= 200  # at least 200 seeds per row x dtype
+    found = re.search(r"(\d+) checks, (\d+) false alarms; worst fraction of tolerance ([\d.]+)",
+                      text)
+    assert found and int(found.group(2)) == 0 and float(found.group(3)) < 1
+
+
+def test_a_small_slice_of_the_calibration_reruns_without_false_alarms():
+    """Three seeds of a few rows, every edge and ill-conditioned case that applies to them."""
+    margins = calibrate(["linear", "softmax", "rms_norm"], ["float64", "float32"], 3,
+                        cases=ALL_CASES, edge_seeds=1, ill_seeds=1, large_seeds=0,
+                        progress=False)
+    assert {m.case for m in margins} >= {"random shapes", "T = 1", "dominant class",
+                                         "logits beyond 60", "near-constant rows",
+                                         "near-cancelling sums"}
+    assert all(m.false_alarms == 0 and 0 < m.worst < 1 for m in margins), format_cases(margins)
+    assert "0 false alarms" in summary(margins)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_a_false_alarm_is_counted(dtype):
+    bad = run_row(BY_NAME["linear"], np.dtype(dtype), seed=0,
+                  backward=lambda dy, c: (lambda dx, g: (dx, {**g, "b": 2 * g["b"]}))(
+                      *BY_NAME["linear"].backward(dy, c)))
+    margin = Margin("linear", dtype).add(bad, "seed 0")
+    assert margin.false_alarms == 1 and margin.worst > 1 and "seed 0" in margin.first_alarm
