@@ -14,6 +14,8 @@ is wrong) and tests the common bug shapes in turn, from the most specific:
     missing a sum           G = the gradient of one slice of a broadcast axis only, or G carries
                             an extra leading axis that, summed, gives R
     skip connection dropped G + dout = R
+    static ignored          G = the trusted gradient with a static argument at another value
+                            (causal = False for True, an offset at its default)
 
 A pattern fits when G and the transformed R agree to ``fit_tol`` (a few times the check's
 tolerance), normwise.  When none fits, the diagnosis says so.
@@ -48,6 +50,8 @@ class Context(NamedTuple):
     paths: Callable | None = None  # name -> (columns, sites) of checks.attribution, or None
     float64: Callable | None = None  # name -> (float64 hand gradient or None, passes,
     #                                  float64 tolerance) for a low-precision check
+    other_static: Callable | None = None  # () -> [(label, trusted grads)]: the oracle's
+    #                                  gradients with one static argument at another value
 
 
 SMALL = [(2.0, "2"), (0.5, "1/2"), (-2.0, "-2"), (-0.5, "-1/2"), (3.0, "3"), (1 / 3, "1/3"),
@@ -154,7 +158,7 @@ def diagnose(name: str, g: np.ndarray, ref: np.ndarray, ctx: Context, tol: float
             g, fit = g64, FIT_FACTOR * tol64
     found = ""
     for test in (_zero, _scaled, _transposed, _heads_mixed, _swapped, _masked, _repeated_ids,
-                 _one_slice, _skip_dropped, _paths):
+                 _one_slice, _skip_dropped, _static_ignored, _paths):
         found = test(name, g, ref, ctx, fit)
         if found:
             break
@@ -291,6 +295,18 @@ def _one_slice(name, g, ref, ctx, fit):
 def _skip_dropped(name, g, ref, ctx, fit):
     if g.shape == ctx.dout.shape and _close(g + ctx.dout, ref, fit):
         return "the skip connection's gradient is missing: hand + dout equals the right gradient"
+    return ""
+
+
+def _static_ignored(name, g, ref, ctx, fit):
+    """The right gradient of the layer with one static argument at another value (a causal
+    flag, a position offset): the backward ignores that argument."""
+    for label, grads in (ctx.other_static() if ctx.other_static is not None else []):
+        other = grads.get(name)
+        if other is not None and other.shape == g.shape and _close(g, other, fit) \
+                and not _close(ref, other, fit):
+            return (f"the backward ignores a static argument: the gradient is the right one "
+                    f"for {label}")
     return ""
 
 

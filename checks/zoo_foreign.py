@@ -332,7 +332,8 @@ def _bugs():
          _rope(lambda c: c._replace(**_rope_tables_of(c, offset=0, width=WIDE))), "x",
          "exact at token 0 and at features 0, 4"),
         ("RoPE: the position offset forgotten in backward", ROPE_OFFSET,
-         _rope(lambda c: c._replace(**_rope_tables_of(c, offset=0))), "x", ""),
+         _rope(lambda c: c._replace(**_rope_tables_of(c, offset=0))), "x",
+         "the right one for offset = 0"),
     ]]
 
 
