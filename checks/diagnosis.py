@@ -16,6 +16,9 @@ is wrong) and tests the common bug shapes in turn, from the most specific:
     skip connection dropped G + dout = R
     static ignored          G = the trusted gradient with a static argument at another value
                             (causal = False for True, an offset at its default)
+    oracle paths            G - R = a sparse sum of the oracle's path contributions: a path
+                            missing, scaled or with the wrong sign, a matrix product's other
+                            operand untransposed or a wrong cached value (checks.attribution)
 
 A pattern fits when G and the transformed R agree to ``fit_tol`` (a few times the check's
 tolerance), normwise.  When none fits, the diagnosis says so.
@@ -329,6 +332,11 @@ def _paths(name, g, ref, ctx, fit):
 
 def _path_phrase(site, a, constants, rel):
     what = site.describe()
+    if site.kind == "other operand":
+        if abs(a - 1) <= rel:
+            return (f"in {what} the gradient takes {site.alt} as the other operand (a wrong "
+                    f"cached value)")
+        return f"in {what} the gradient mixes in {site.alt} as the other operand ({a:.3g} x)"
     if site.kind == "untransposed":
         if abs(a - 1) <= rel:
             return (f"in {what} the gradient takes the other operand untransposed (two of its "

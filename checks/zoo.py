@@ -1,8 +1,10 @@
 """The bug zoo: classic backprop bugs applied to the lab's own kernels, each a broken backward
-beside the correct one (the kernels themselves stay correct).  Every bug must be caught, and
-where it is one of the common bug shapes the diagnosis must name it.
+that wraps the real one (the kernels themselves stay correct).  Every bug must be caught, and
+the diagnosis must name the pattern the bug is expected to show.  ``checks.zoo_foreign`` is the
+second section: bugs in layers the lab has never seen.
 
-``python -m checks zoo`` prints the table: bug, caught, the failing tensors and the diagnosis.
+``python -m checks zoo`` prints a table per section: bug, caught, the failing tensors and the
+diagnosis, then the caught and explained counts (docs/zoo.md).
 """
 from __future__ import annotations
 

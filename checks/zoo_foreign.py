@@ -74,6 +74,17 @@ class SwigluCache(NamedTuple):
     params: dict    # W1, W2 (D, F), W3 (F, D), for the input gradient
 
 
+def silu_slope(gate, s):
+    """d silu / d gate = s + gate s (1 - s): through the gate itself and through sigmoid."""
+    return s + gate * s * (1 - s)
+
+
+def swiglu_hidden_grads(dy, cache, *, slope=silu_slope):
+    """(dgate, dvalue), both (B, T, F): the upstream gradient at the two projections."""
+    dh = dy @ cache.params["W3"].T                                       # (B, T, F)
+    return dh * cache.value * slope(cache.gate, cache.s), dh * cache.gate * cache.s
+
+
 def swiglu_forward(x, params):
     """(silu(x W1 + b1) * (x W2 + b2)) W3.  x: (B, T, D) -> (B, T, D)."""
     check_float("x", x, ndim=3)
@@ -89,17 +100,6 @@ def swiglu_forward(x, params):
     value = x @ params["W2"] + params["b2"]                              # (B, T, F)
     hidden = gate * s * value                                            # (B, T, F)
     return hidden @ params["W3"], SwigluCache(x, gate, s, value, hidden, params)
-
-
-def silu_slope(gate, s):
-    """d silu / d gate = s + gate s (1 - s): through the gate itself and through sigmoid."""
-    return s + gate * s * (1 - s)
-
-
-def swiglu_hidden_grads(dy, cache, *, slope=silu_slope):
-    """(dgate, dvalue), both (B, T, F): the upstream gradient at the two projections."""
-    dh = dy @ cache.params["W3"].T                                       # (B, T, F)
-    return dh * cache.value * slope(cache.gate, cache.s), dh * cache.gate * cache.s
 
 
 def swiglu_backward(dy, cache, *, slope=silu_slope):
@@ -321,7 +321,7 @@ def _bugs():
         ("SwiGLU: gate bias summed over the batch only", SWIGLU, _swiglu_bias_token_sums, "b1",
          "missing a sum over a broadcast axis"),
         ("SwiGLU: dW3 from silu(gate) instead of the product", SWIGLU, _swiglu_w3_from_gate,
-         "W3", ""),
+         "W3", "takes `gate * jax.nn.sigmoid(gate)`"),
         ("RoPE: +sin instead of -sin (rotates by +theta)", ROPE,
          _rope(lambda c: c._replace(sin=-c.sin)), "x", "(`x1 * sin`) has the wrong sign"),
         ("RoPE: cos and sin swapped", ROPE, _rope(lambda c: c._replace(cos=c.sin, sin=c.cos)),
