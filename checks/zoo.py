@@ -199,8 +199,8 @@ BUGS = [
         "scaled by a constant: sqrt(P)"),
     Bug("causal mask ignored in backward", BY_NAME["mha-causal"], _attention_mask_ignored, "WQ",
         "the right one for causal = False"),
-    Bug("self-attention dx misses the key/value path", BY_NAME["mha"], _attention_query_path_only, "x",
-        "missing the path through"),
+    Bug("self-attention dx misses the key/value path", BY_NAME["mha"], _attention_query_path_only,
+        "x", "missing the path through"),
     Bug("softmax Jacobian missing its outer-product term", BY_NAME["softmax"], _softmax_no_outer, "x",
         "missing the path through"),
     Bug("bias gradient summed over the wrong axis", BY_NAME["linear"],
@@ -283,7 +283,7 @@ def format_zoo(results, title="") -> str:
     widths = [max(len(x[i]) for x in rows + [head]) for i in range(len(head))]
     line = lambda x: "  ".join(c.ljust(w) for c, w in zip(x, widths)).rstrip()
     caught, explained, total = counts(results)
-    return "\n".join(([title + ":"] if title else []) + [line(head), line(["-" * w for w in widths])]
-                     + [line(x) for x in rows]
+    return "\n".join(([title + ":"] if title else [])
+                     + [line(head), line(["-" * w for w in widths])] + [line(x) for x in rows]
                      + [f"\n{caught} of {total} bugs caught; {explained} of {total} explained "
                         f"(the expected pattern named)"])

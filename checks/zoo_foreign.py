@@ -204,9 +204,9 @@ ROPE_SIZES = {"B": 2, "T": 4, "H": 2, "P": 8}
 def _swiglu_case(rng, dtype):
     B, T, D, F = (SWIGLU_SIZES[k] for k in "BTDF")
     w = lambda shape: _normal(rng, shape, dtype, 1 / math.sqrt(shape[0]))
-    return [_normal(rng, (B, T, D), dtype)], {"W1": w((D, F)), "b1": _normal(rng, (F,), dtype, 0.1),
-                                              "W2": w((D, F)), "b2": _normal(rng, (F,), dtype, 0.1),
-                                              "W3": w((F, D))}
+    bias = lambda: _normal(rng, (F,), dtype, 0.1)
+    x = _normal(rng, (B, T, D), dtype)
+    return [x], {"W1": w((D, F)), "b1": bias(), "W2": w((D, F)), "b2": bias(), "W3": w((F, D))}
 
 
 def _rope_case(rng, dtype):
