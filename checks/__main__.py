@@ -110,10 +110,13 @@ def sensitivity(args) -> int:
 
 
 def zoo(args) -> int:
-    from checks.zoo import format_zoo, run_zoo
-    results = run_zoo()
-    print(format_zoo(results))
-    return 0 if all(r.caught for r in results) else 1
+    from checks.zoo import format_zoo, run_zoo, sections
+    missed = 0
+    for title, bugs in sections():
+        results = run_zoo(bugs=bugs)
+        print(format_zoo(results, title) + "\n")
+        missed += sum(not r.caught for r in results)
+    return 0 if not missed else 1
 
 
 def steps(args) -> int:

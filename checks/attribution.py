@@ -21,14 +21,18 @@ use stopped.  All c_k come out of one forward-mode pass over the reverse pass (`
     H - G = (a - 1) c_k        that path scaled by a
     H - G = v_k - c_k          a matrix product whose gradient takes the other operand
                                untransposed (v_k: the same path with that operand's axes swapped)
+                               or takes another value of the program in its place, one computed
+                               earlier with the same shape (a wrong cached activation)
 
 Besides single uses, a value read several times gets one site for all its uses (its cotangent
 scaled).  Each site names the equation and the oracle's source line (``eqn.source_info``), so the
 explanation reads "missing the path through `integer_pow` at reference/gelu.py:12
-(`x + 0.044715 * x ** 3`)".  Nothing here knows any layer: it works on any traceable oracle.
+(`x ** 3`)".  Nothing here knows any layer: it works on any traceable oracle.
 """
 from __future__ import annotations
 
+import collections
+import hashlib
 import linecache
 import math
 import os
@@ -47,19 +51,22 @@ PLUMBING = {"broadcast_in_dim", "reshape", "convert_element_type", "squeeze", "e
 MAX_EQUATIONS = 600          # larger programs (a whole model) are bisected, not attributed
 MAX_COLUMN_ELEMENTS = 2e7    # sites x gradient elements held at once
 MAX_TERMS = 3                # a sparse explanation has at most this many paths
+MAX_OTHER_OPERANDS = 8       # the latest values a matrix product's operand may be mistaken for
 
 
 class Site(NamedTuple):
     """One place in the oracle's program where a path's cotangent can be scaled."""
     kind: str        # "use": one operand of one equation; "value": every use of one value;
-    #                  "untransposed": a matrix product's gradient taking the other operand as is
+    #                  "untransposed": a matrix product's gradient taking the other operand as is;
+    #                  "other operand": taking another value of the program in its place
     primitive: str
-    operand: int     # the operand position (use, untransposed); -1 for a value
+    operand: int     # the operand position (use, variants); -1 for a value
     where: str       # "reference/layers.py:31"
     text: str        # the source line
     order: int       # position in the program (forward order)
-    base: int = -1   # untransposed: the index of the use site it replaces
+    base: int = -1   # untransposed, other operand: the index of the use site it replaces
     arity: int = 1   # the equation's number of operands
+    alt: str = ""    # other operand: the value taken instead, "`x * s` at file:line"
 
     def describe(self) -> str:
         """'operand 1 of `mul` at reference/rope.py:20 (`x_o * sin`)'."""
@@ -71,7 +78,8 @@ class Site(NamedTuple):
 
 
 def _frame(eqn):
-    """(relative path:line, source text) of the user code that made the equation."""
+    """(relative path:line, source text) of the user code that made the equation: the
+    expression's own span of the line (``x2 * sin``) where the frame gives its columns."""
     try:
         from jax._src import source_info_util
         frame = source_info_util.user_frame(eqn.source_info.traceback)
@@ -83,7 +91,12 @@ def _frame(eqn):
     rel = os.path.relpath(path) if os.path.isabs(path) else path
     if rel.startswith(".."):
         rel = os.path.basename(path)
-    text = linecache.getline(path, frame.start_line).strip()
+    line = linecache.getline(path, frame.start_line).rstrip("\n")
+    text = line.strip()
+    start, end = getattr(frame, "start_column", -1), getattr(frame, "end_column", -1)
+    if frame.end_line == frame.start_line and start is not None and end is not None \
+            and 0 <= start < end <= len(line):  # the expression itself, where Python says
+        text = line[start:end].strip() or text  # which part of the line made the equation
     return f"{rel}:{frame.start_line}", text
 
 
@@ -115,6 +128,7 @@ class _Walker:
         self.factors, self.variants = factors, variants
         self.sites: list[Site] = []   # uses and values, index = their factor's
         self.variant_sites: list[Site] = []
+        self.computed = []            # (value, where, text) of every computing equation so far
         self.count = 0
         self.vcount = 0
         self.order = 0
@@ -167,7 +181,10 @@ class _Walker:
                 out = eqn.primitive.bind(*scaled, **params)
                 if name == "dot_general":
                     out = self._untransposed(eqn, scaled, index, out, params, where, text)
+                    out = self._other_operand(eqn, scaled, index, out, params, where, text)
                 outs = list(out) if eqn.primitive.multiple_results else [out]
+                if name not in PLUMBING and not eqn.primitive.multiple_results and _is_float(out):
+                    self.computed.append((out, where, text))
                 out_active = any(flags)
                 for j, (var, o) in enumerate(zip(eqn.outvars, outs)):
                     if out_active and uses.get(var, 0) >= 2 and _is_float(o):
@@ -176,23 +193,44 @@ class _Walker:
                 env[var], active[var] = value, out_active
         return [read(v) for v in jaxpr.outvars]
 
+    def _variant(self, site, eqn, ins, position, other, out, params):
+        """out plus the variant's factor times the same product with the other operand
+        replaced (its value kept out of the gradient): a path that can be switched on."""
+        k = self.vcount
+        self.vcount += 1
+        if self.variants is None:
+            self.variant_sites.append(site)
+            return out
+        pair = [None, None]
+        pair[position], pair[1 - position] = ins[position], jax.lax.stop_gradient(other)
+        alt = eqn.primitive.bind(*pair, **params)
+        return out + self.variants[k] * (alt - jax.lax.stop_gradient(alt))
+
+    def _other_operand(self, eqn, ins, index, out, params, where, text):
+        """A matrix product whose gradient takes another value of the program (of the same
+        shape, computed earlier) as its other operand: a wrong cached activation."""
+        for position in (0, 1):
+            if position not in index:
+                continue
+            mine = ins[1 - position]
+            same = [(v, w, t) for v, w, t in self.computed if v is not mine
+                    and v.shape == mine.shape and v.dtype == mine.dtype][-MAX_OTHER_OPERANDS:]
+            for value, w, t in same:
+                site = Site("other operand", "dot_general", position, where, text, self.order,
+                            base=index[position], arity=2,
+                            alt=f"`{t}` at {w}" if t else "another value")
+                out = self._variant(site, eqn, ins, position, value, out, params)
+        return out
+
     def _untransposed(self, eqn, ins, index, out, params, where, text):
         for position in (0, 1):
             if position not in index:
                 continue
             for f, c in _dot_variants(eqn, position):
-                k = self.vcount
-                self.vcount += 1
-                if self.variants is None:
-                    self.variant_sites.append(Site("untransposed", "dot_general", position, where,
-                                                   text, self.order, base=index[position],
-                                                   arity=2))
-                    continue
-                other = jnp.swapaxes(jax.lax.stop_gradient(ins[1 - position]), f, c)
-                pair = [None, None]
-                pair[position], pair[1 - position] = ins[position], other
-                alt = eqn.primitive.bind(*pair, **params)
-                out = out + self.variants[k] * (alt - jax.lax.stop_gradient(alt))
+                site = Site("untransposed", "dot_general", position, where, text, self.order,
+                            base=index[position], arity=2)
+                other = jnp.swapaxes(ins[1 - position], f, c)
+                out = self._variant(site, eqn, ins, position, other, out, params)
         return out
 
 
@@ -210,7 +248,9 @@ class Attribution:
         self.n_equations = _count(closed.jaxpr)
         walker = _Walker()
         flat = jax.tree_util.tree_leaves(args)
-        walker.eval(closed.jaxpr, closed.consts, flat, [_is_float(x) for x in flat])
+        active = [_is_float(x) for x in flat]
+        # shapes only: recording the sites needs no arithmetic
+        jax.eval_shape(lambda *f: walker.eval(closed.jaxpr, closed.consts, list(f), active), *flat)
         self.sites = walker.sites + walker.variant_sites
         self.n_uses = walker.count
         self._columns = None
@@ -335,7 +375,48 @@ def for_oracle(oracle, dout, names):
     return paths
 
 
+_BUILT = collections.OrderedDict()  # the last few cases' attributions, by their exact data
+KEEP_BUILT = 8                      # cases at most, and MAX_COLUMN_ELEMENTS elements in all
+
+
+def _case_key(oracle, dout):
+    """The oracle, its static arguments and the exact bytes of every array it sees."""
+    digest = hashlib.sha1()
+    arrays = list(oracle.inputs) + [oracle.params[k] for k in sorted(oracle.params)] \
+        + [oracle.arrays[k] for k in sorted(oracle.arrays)] + [dout]
+    for a in arrays:
+        a = np.ascontiguousarray(np.asarray(a))
+        digest.update(f"{a.dtype}{a.shape}".encode())
+        digest.update(a.tobytes())
+    return oracle.oracle, oracle.static_items, oracle.diff_idx, tuple(sorted(oracle.params)), \
+        digest.hexdigest()
+
+
 def _build(oracle, dout):
+    """The columns and sites of one case, built once: checks of several hand backwards on the
+    same case (the zoo's bugs of one layer) share them."""
+    try:
+        key = _case_key(oracle, dout)
+        hash(key)
+    except Exception:  # an unhashable static argument: built each time
+        return _build_now(oracle, dout)
+    if key not in _BUILT:
+        _BUILT[key] = _build_now(oracle, dout)
+        while len(_BUILT) > 1 and (len(_BUILT) > KEEP_BUILT
+                                   or sum(map(_elements, _BUILT.values())) > MAX_COLUMN_ELEMENTS):
+            _BUILT.popitem(last=False)
+    _BUILT.move_to_end(key)
+    return _BUILT[key]
+
+
+def _elements(built):
+    if built is None:
+        return 0
+    (cin, cpar), _ = built
+    return sum(int(np.size(c)) for tree in (cin, cpar) for c in tree.values())
+
+
+def _build_now(oracle, dout):
     try:
         if not oracle.traceable or oracle.static_items is None:
             return None

@@ -14,6 +14,11 @@ is wrong) and tests the common bug shapes in turn, from the most specific:
     missing a sum           G = the gradient of one slice of a broadcast axis only, or G carries
                             an extra leading axis that, summed, gives R
     skip connection dropped G + dout = R
+    static ignored          G = the trusted gradient with a static argument at another value
+                            (causal = False for True, an offset at its default)
+    oracle paths            G - R = a sparse sum of the oracle's path contributions: a path
+                            missing, scaled or with the wrong sign, a matrix product's other
+                            operand untransposed or a wrong cached value (checks.attribution)
 
 A pattern fits when G and the transformed R agree to ``fit_tol`` (a few times the check's
 tolerance), normwise.  When none fits, the diagnosis says so.
@@ -48,6 +53,8 @@ class Context(NamedTuple):
     paths: Callable | None = None  # name -> (columns, sites) of checks.attribution, or None
     float64: Callable | None = None  # name -> (float64 hand gradient or None, passes,
     #                                  float64 tolerance) for a low-precision check
+    other_static: Callable | None = None  # () -> [(label, trusted grads)]: the oracle's
+    #                                  gradients with one static argument at another value
 
 
 SMALL = [(2.0, "2"), (0.5, "1/2"), (-2.0, "-2"), (-0.5, "-1/2"), (3.0, "3"), (1 / 3, "1/3"),
@@ -154,7 +161,7 @@ def diagnose(name: str, g: np.ndarray, ref: np.ndarray, ctx: Context, tol: float
             g, fit = g64, FIT_FACTOR * tol64
     found = ""
     for test in (_zero, _scaled, _transposed, _heads_mixed, _swapped, _masked, _repeated_ids,
-                 _one_slice, _skip_dropped, _paths):
+                 _one_slice, _skip_dropped, _static_ignored, _paths):
         found = test(name, g, ref, ctx, fit)
         if found:
             break
@@ -294,6 +301,18 @@ def _skip_dropped(name, g, ref, ctx, fit):
     return ""
 
 
+def _static_ignored(name, g, ref, ctx, fit):
+    """The right gradient of the layer with one static argument at another value (a causal
+    flag, a position offset): the backward ignores that argument."""
+    for label, grads in (ctx.other_static() if ctx.other_static is not None else []):
+        other = grads.get(name)
+        if other is not None and other.shape == g.shape and _close(g, other, fit) \
+                and not _close(ref, other, fit):
+            return (f"the backward ignores a static argument: the gradient is the right one "
+                    f"for {label}")
+    return ""
+
+
 def _paths(name, g, ref, ctx, fit):
     """The sparse set of the oracle's paths whose contributions explain g - ref."""
     got = ctx.paths(name) if ctx.paths is not None else None
@@ -313,6 +332,11 @@ def _paths(name, g, ref, ctx, fit):
 
 def _path_phrase(site, a, constants, rel):
     what = site.describe()
+    if site.kind == "other operand":
+        if abs(a - 1) <= rel:
+            return (f"in {what} the gradient takes {site.alt} as the other operand (a wrong "
+                    f"cached value)")
+        return f"in {what} the gradient mixes in {site.alt} as the other operand ({a:.3g} x)"
     if site.kind == "untransposed":
         if abs(a - 1) <= rel:
             return (f"in {what} the gradient takes the other operand untransposed (two of its "

@@ -20,6 +20,7 @@ failing report, never an exception.
 """
 from __future__ import annotations
 
+import inspect
 import math
 import traceback
 from typing import Callable, NamedTuple, Sequence
@@ -365,9 +366,31 @@ class LayerCheck:
         names = {i: self.names[i] for i in self.diff_idx}
         tol64 = lambda j: self._tol_at(j, np.float64)
         return dict(dtype=str(self.dtype), paths=for_oracle(self.ref, self.dout64, names),
+                    other_static=self._other_static(),
                     float64=None if self.dtype == np.float64 else float64_rerun(
                         self.forward_fn, self.backward_fn, self.inputs64, self.params64,
                         self.static, self.dout64, self.names, self.judges, tol64))
+
+    def _other_static(self):
+        """() -> [(label, trusted gradients)] with one static argument at another value: a flag
+        negated, a number at the oracle's default (computed on first use, once)."""
+        memo = []
+
+        def alternatives():
+            if not memo:
+                memo.append([])
+                for key, value in _other_statics(self.oracle_fn, self.static):
+                    try:
+                        other = Oracle(self.oracle_fn, self.inputs64, self.params64,
+                                       {**self.static, key: value}, self.diff_idx)
+                        _, g_in, g_params = other.vjp(self.dout64)
+                    except Exception:  # no such layer: nothing to compare with
+                        continue
+                    grads = {**{self.names[i]: g for i, g in g_in.items()}, **g_params}
+                    memo[0].append((f"{key} = {value!r} (the case has {key} = "
+                                    f"{self.static[key]!r})", grads))
+            return memo[0]
+        return alternatives
 
     def _tol_at(self, judge, dtype):
         """The element-wise tolerance of a judge's tensor for a check in another dtype."""
@@ -580,6 +603,22 @@ def _verdict(hand_auto_ok, hand_fd_ok, auto_fd_ok, kink, fd_on_oracle) -> Verdic
     if kink:
         return Verdict(Kind.UNRESOLVED, kinked)
     return Verdict(Kind.ALL_DISAGREE)
+
+
+def _other_statics(oracle, static):
+    """(name, value): every boolean static argument negated, and every number that differs from
+    the oracle's own default at that default."""
+    try:
+        defaults = {k: p.default for k, p in inspect.signature(oracle).parameters.items()
+                    if p.default is not inspect.Parameter.empty}
+    except (TypeError, ValueError):  # no signature to read
+        defaults = {}
+    for key, value in static.items():
+        if isinstance(value, (bool, np.bool_)):
+            yield key, not value
+        elif isinstance(value, (int, float)) and isinstance(defaults.get(key), (int, float)) \
+                and not isinstance(defaults[key], bool) and defaults[key] != value:
+            yield key, defaults[key]
 
 
 def _slice_vjp(ref, dout64):

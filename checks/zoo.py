@@ -1,8 +1,10 @@
 """The bug zoo: classic backprop bugs applied to the lab's own kernels, each a broken backward
-beside the correct one (the kernels themselves stay correct).  Every bug must be caught, and
-where it is one of the common bug shapes the diagnosis must name it.
+that wraps the real one (the kernels themselves stay correct).  Every bug must be caught, and
+the diagnosis must name the pattern the bug is expected to show.  ``checks.zoo_foreign`` is the
+second section: bugs in layers the lab has never seen.
 
-``python -m checks zoo`` prints the table: bug, caught, the failing tensors and the diagnosis.
+``python -m checks zoo`` prints a table per section: bug, caught, the failing tensors and the
+diagnosis, then the caught and explained counts (docs/zoo.md).
 """
 from __future__ import annotations
 
@@ -15,8 +17,8 @@ import numpy as np
 import kernels
 import reference
 from checks.registry import BY_NAME, Row, ff_params, normal, run_row
-from kernels.activations import softmax_rows_backward
-from kernels.attention import merge_heads, split_heads
+from kernels.activations import softmax_rows
+from kernels.attention import split_heads
 
 # Sizes at which every constant the diagnosis names is unambiguous: sqrt(P) = sqrt(6) is no
 # small constant, B·T = 8 is no other size, 1 - rate = 0.75; B·T > V, so some token ids repeat.
@@ -59,51 +61,62 @@ BLOCK = Row("block", block_forward, block_backward, block_oracle, _block_case,
 
 
 # --- the broken backwards -------------------------------------------------------------------
+# Each wraps the real kernel: it calls the correct backward (with a modified cache where the
+# bug lives inside it) and alters what comes back.  No kernel code is copied here.
 
-def _attention(dout, cache, *, scale=True, swap_qk=False, a_not_transposed=False,
-               mask_ignored=False, kv_path=True, wo_transposed=False, wv_transposed=False,
-               merge=merge_heads):
-    """kernels.attention's backward for self-attention, with one classic bug switched on."""
-    xq_h, xkv_h, q, k, v, a, heads, params = cache
-    H, B, T, P = q.shape
-    D = H * P
-    w_t = lambda name: params[name].transpose(0, 2, 1)                      # (H, P, P) transposed
-    if mask_ignored:  # recomputes the probabilities without the causal mask
-        logits = q @ k.transpose(0, 1, 3, 2) / math.sqrt(P)                  # (H, B, T, S)
-        e = np.exp(logits - logits.max(axis=-1, keepdims=True))
-        a = e / e.sum(axis=-1, keepdims=True)                                # (H, B, T, S)
-    dout2 = dout.reshape(B * T, D)                                           # (B*T, D)
-    dWO = heads.T @ dout2                                                    # (D, D)
-    dheads = split_heads((dout2 @ params["WO"].T).reshape(B, T, D), H).reshape(H, B, T, P)
-    da = dheads @ v.transpose(0, 1, 3, 2)                                    # (H, B, T, S)
-    dv = (a if a_not_transposed else a.transpose(0, 1, 3, 2)) @ dheads       # (H, B, S, P)
-    dlogits = softmax_rows_backward(da, a)                                   # (H, B, T, S)
-    if scale:
-        dlogits = dlogits / math.sqrt(P)
-    dq = (dlogits @ k).reshape(H, B * T, P)                                  # (H, B*T, P)
-    dk = (dlogits.transpose(0, 1, 3, 2) @ q).reshape(H, B * T, P)            # (H, B*S, P), S = T
-    dv = dv.reshape(H, B * T, P)                                             # (H, B*S, P)
-    weight = lambda x_h, d_h: x_h.transpose(0, 2, 1) @ d_h                   # (H, P, P)
-    grads = {"WQ": weight(xq_h, dq), "WK": weight(xkv_h, dk), "WV": weight(xkv_h, dv),
-             "WO": dWO.T if wo_transposed else dWO}
-    if swap_qk:
-        grads["WQ"], grads["WK"] = grads["WK"], grads["WQ"]
-    if wv_transposed:
-        grads["WV"] = grads["WV"].transpose(0, 2, 1)
-    dx_h = dq @ w_t("WQ")                                                    # (H, B*T, P)
-    if kv_path:
-        dx_h = dx_h + dk @ w_t("WK") + dv @ w_t("WV")                        # (H, B*T, P)
-    return merge(dx_h, B), grads                                             # (B, T, D)
+def _attn_grads(alter):
+    """mha_backward with one weight gradient altered: alter(grads) -> grads."""
+    def backward(dout, cache):
+        dx, grads = kernels.mha_backward(dout, cache)
+        return dx, alter(dict(grads))
+    return backward
 
 
-def _merge_p_major(x_h, B):
-    """(H, B*T, P) -> (B, T, D) with the features laid out (P, H): the wrong transpose."""
-    H, BT, P = x_h.shape
-    return x_h.transpose(1, 2, 0).reshape(B, BT // B, H * P)
+def _swap_qk(grads):
+    return {**grads, "WQ": grads["WK"], "WK": grads["WQ"]}
 
 
-def _attn_bug(**flag):
-    return lambda dout, cache: _attention(dout, cache, **flag)
+def _transpose(name):
+    return lambda grads: {**grads, name: grads[name].swapaxes(-1, -2)}
+
+
+def _attention_unscaled(dout, cache):
+    """Forgets the 1/sqrt(P) of the logits: every gradient through q k^T comes out sqrt(P)
+    too large, as if q and k had been cached sqrt(P) times larger."""
+    root = math.sqrt(cache.q.shape[-1])
+    return kernels.mha_backward(dout, cache._replace(q=cache.q * root, k=cache.k * root))
+
+
+def _attention_mask_ignored(dout, cache):
+    """Recomputes the probabilities in backward without the causal mask."""
+    P = cache.q.shape[-1]
+    logits = cache.q @ cache.k.swapaxes(-1, -2) / math.sqrt(P)           # (H, B, T, S)
+    return kernels.mha_backward(dout, cache._replace(a=softmax_rows(logits)))
+
+
+def _attention_a_untransposed(dout, cache):
+    """dV = a dheads instead of a^T dheads: the value path taken with a untransposed, and the
+    rest of the backward (queries, keys) right."""
+    zero = lambda *names: {**cache.params, **{n: np.zeros_like(cache.params[n]) for n in names}}
+    dx_qk, grads = kernels.mha_backward(dout, cache._replace(params=zero("WV")))
+    dx_v, bad = kernels.mha_backward(dout, cache._replace(a=cache.a.swapaxes(-1, -2),
+                                                          params=zero("WQ", "WK")))
+    return dx_qk + dx_v, {**grads, "WV": bad["WV"]}
+
+
+def _attention_query_path_only(dout, cache):
+    """Self-attention's dx from the query path alone: the stream's key/value gradient, which
+    mhca_backward returns as the second stream's, is dropped."""
+    (dx, _), grads = kernels.mhca_backward(dout, cache)
+    return dx, grads
+
+
+def _attention_merged_p_major(dout, cache):
+    """The right head-space gradient merged with the features laid out (P, H)."""
+    dx, grads = kernels.mha_backward(dout, cache)
+    H = cache.q.shape[0]
+    x_h = split_heads(dx, H)                                                # (H, B*T, P)
+    return x_h.transpose(1, 2, 0).reshape(dx.shape), grads                  # (B, T, D)
 
 
 def _softmax_no_outer(dy, cache):
@@ -157,10 +170,9 @@ def _layernorm(variant):
         dx, grads = kernels.layernorm_backward(dy, cache)
         if variant == "bias mean":
             grads = {**grads, "b": dy.reshape(-1, dy.shape[-1]).mean(axis=0)}
-        else:  # forgets the term through the mean
-            xhat, inv_std, g = cache
-            dxhat = dy * g
-            dx = (dxhat - xhat * (dxhat * xhat).mean(axis=-1, keepdims=True)) * inv_std
+        else:  # forgets the term through the mean: the right dx with that term added back
+            dxhat = dy * cache.g                                                 # (..., D)
+            dx = dx + dxhat.mean(axis=-1, keepdims=True) * cache.inv_std         # (..., D)
         return dx, grads
     return backward
 
@@ -174,20 +186,21 @@ class Bug(NamedTuple):
 
 
 BUGS = [
-    Bug("transposed weight gradient (W_O)", BY_NAME["mha"], _attn_bug(wo_transposed=True),
+    Bug("transposed weight gradient (W_O)", BY_NAME["mha"], _attn_grads(_transpose("WO")),
         "WO", "transposed (last two axes"),
-    Bug("W_V gradient transposed per head", BY_NAME["mha"], _attn_bug(wv_transposed=True),
+    Bug("W_V gradient transposed per head", BY_NAME["mha"], _attn_grads(_transpose("WV")),
         "WV", "transposed per head"),
-    Bug("dQ and dK swapped", BY_NAME["mha"], _attn_bug(swap_qk=True), "WK", "dWK and dWQ are swapped"),
+    Bug("dQ and dK swapped", BY_NAME["mha"], _attn_grads(_swap_qk), "WK", "dWK and dWQ are swapped"),
     Bug("heads merged with the wrong transpose in dx", BY_NAME["mha"],
-        _attn_bug(merge=_merge_p_major), "x", "width is laid out as (P, H)"),
-    Bug("attention weights not transposed in dV", BY_NAME["mha"], _attn_bug(a_not_transposed=True),
+        _attention_merged_p_major, "x", "width is laid out as (P, H)"),
+    Bug("attention weights not transposed in dV", BY_NAME["mha"], _attention_a_untransposed,
         "WV", "the gradient takes the other operand untransposed"),
-    Bug("missing 1/sqrt(P) in backward", BY_NAME["mha"], _attn_bug(scale=False), "WQ",
+    Bug("missing 1/sqrt(P) in backward", BY_NAME["mha"], _attention_unscaled, "WQ",
         "scaled by a constant: sqrt(P)"),
-    Bug("causal mask ignored in backward", BY_NAME["mha-causal"], _attn_bug(mask_ignored=True), "WQ"),
-    Bug("self-attention dx misses the key/value path", BY_NAME["mha"], _attn_bug(kv_path=False), "x",
-        "missing the path through"),
+    Bug("causal mask ignored in backward", BY_NAME["mha-causal"], _attention_mask_ignored, "WQ",
+        "the right one for causal = False"),
+    Bug("self-attention dx misses the key/value path", BY_NAME["mha"], _attention_query_path_only,
+        "x", "missing the path through"),
     Bug("softmax Jacobian missing its outer-product term", BY_NAME["softmax"], _softmax_no_outer, "x",
         "missing the path through"),
     Bug("bias gradient summed over the wrong axis", BY_NAME["linear"],
@@ -230,7 +243,11 @@ class ZooResult:
 
 
 def run_bug(bug: Bug, dtype=np.float64, seed=0) -> ZooResult:
-    report = run_row(bug.row, dtype, seed=seed, sizes=ZOO_SIZES, backward=bug.backward)
+    """One bug's check: a registry row's case, or a layer outside the registry checked
+    through check_layer as a user would (its own ``check``)."""
+    check = getattr(bug.row, "check", None)
+    report = check(dtype, seed, backward=bug.backward) if check else \
+        run_row(bug.row, dtype, seed=seed, sizes=ZOO_SIZES, backward=bug.backward)
     shown = next((t for t in report.tensors if t.name == bug.tensor and not t.ok), None)
     diagnosis = shown.diagnosis if shown else ""
     if shown and not diagnosis:
@@ -239,20 +256,34 @@ def run_bug(bug: Bug, dtype=np.float64, seed=0) -> ZooResult:
                      bug.pattern in diagnosis if bug.pattern else True, report)
 
 
-def run_zoo(dtype=np.float64, seed=0):
-    return [run_bug(bug, dtype, seed) for bug in BUGS]
+def sections():
+    """(title, bugs): the lab's own layers, then layers the lab has never seen."""
+    from checks.zoo_foreign import BUGS as FOREIGN
+    return [("the lab's own layers", BUGS), ("layers outside the lab (checks/zoo_foreign.py)",
+                                             FOREIGN)]
 
 
-def format_zoo(results) -> str:
+def run_zoo(dtype=np.float64, seed=0, bugs=None):
+    return [run_bug(bug, dtype, seed) for bug in (BUGS if bugs is None else bugs)]
+
+
+def counts(results):
+    """(caught, explained, total): explained = the diagnosis names the bug's expected pattern
+    (a bug shape, an oracle path or a structured location); a bug with no expected pattern is
+    not explained, whatever its diagnosis says."""
+    return (sum(r.caught for r in results), sum(r.named and bool(r.bug.pattern) for r in results),
+            len(results))
+
+
+def format_zoo(results, title="") -> str:
     head = ("bug", "layer", "caught", "failing", f"diagnosis (of the named tensor)")
     rows = [(r.bug.name, r.bug.row.name, "yes" if r.caught else "NO", ", ".join(r.failing),
              (f"{r.bug.tensor}: " if r.bug.tensor else "") + (r.diagnosis or "-")
              + ("" if r.named else "   <- expected: " + r.bug.pattern)) for r in results]
     widths = [max(len(x[i]) for x in rows + [head]) for i in range(len(head))]
     line = lambda x: "  ".join(c.ljust(w) for c, w in zip(x, widths)).rstrip()
-    caught = sum(r.caught for r in results)
-    named = sum(r.named and bool(r.bug.pattern) for r in results)
-    patterned = sum(bool(r.bug.pattern) for r in results)
-    return "\n".join([line(head), line(["-" * w for w in widths])] + [line(x) for x in rows]
-                     + [f"\n{caught} of {len(results)} bugs caught; the expected pattern named "
-                        f"for {named} of the {patterned} that have one"])
+    caught, explained, total = counts(results)
+    return "\n".join(([title + ":"] if title else [])
+                     + [line(head), line(["-" * w for w in widths])] + [line(x) for x in rows]
+                     + [f"\n{caught} of {total} bugs caught; {explained} of {total} explained "
+                        f"(the expected pattern named)"])

@@ -45,3 +45,16 @@ def test_failure_lines_carry_the_dtype():
     report = check_layer(_cubic_forward, missing, _cubic_oracle, [x], {}, name="cubic")
     lines = [l for l in str(report).splitlines() if "FAIL" in l and l.startswith("cubic.")]
     assert lines and all("[float32]" in l for l in lines)
+
+
+def test_path_columns_are_built_once_per_case_and_never_shared_across_data():
+    from checks import attribution
+    from checks.legs import Oracle
+    x = np.linspace(-1.0, 1.0, 6).reshape(2, 3)
+    oracle = Oracle(lambda x, params: jnp.sin(x) * x, [x], {}, {}, [0])
+    once = attribution._build(oracle, np.ones((2, 3)))
+    again = attribution._build(oracle, np.ones((2, 3)))
+    doubled = attribution._build(oracle, np.full((2, 3), 2.0))
+    assert once is again and doubled is not once
+    (cin, _), _ = once
+    np.testing.assert_allclose(doubled[0][0][0], 2 * cin[0])   # contributions are linear in dout

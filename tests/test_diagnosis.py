@@ -165,3 +165,18 @@ def test_complex_step_on_a_hand_forward_that_takes_complex_inputs_is_an_independ
                                         for n in report.notes)
     assert report.error_in == "" and not report.forward_ok
     assert {t.verdict.kind for t in report.tensors} == {Kind.ORACLE_WRONG}
+
+
+def test_a_static_argument_ignored_is_named_and_only_a_flag_or_a_default_is_tried():
+    from checks.engine import _other_statics
+
+    def oracle(x, params, *, causal=False, offset=0, rate):
+        return x
+    assert list(_other_statics(oracle, {"causal": True, "offset": 3, "rate": 0.25})) == \
+        [("causal", False), ("offset", 0)]
+    assert list(_other_statics(oracle, {"offset": 0})) == []   # already the default
+    other = [("causal = False (the case has causal = True)", {"WQ": OTHER})]
+    assert "the right one for causal = False" in diagnose(
+        "WQ", OTHER, R, ctx(trusted={"WQ": R}, other_static=lambda: other), TOL)
+    assert NO_PATTERN in diagnose("WQ", R + 1, R, ctx(trusted={"WQ": R},
+                                                      other_static=lambda: other), TOL)
