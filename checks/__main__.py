@@ -1,7 +1,7 @@
 """python -m checks [table options] | calibrate | zoo | steps LAYER.
 
     python -m checks [--json] [--dtype float64|float32] [--layer NAME ...] [--fd SCHEME]
-    python -m checks calibrate [--seeds 200] [--workers 2] [--layer NAME ...]
+    python -m checks calibrate [--seeds 200] [--workers 2 | --scheduler tcp://HOST:8786] [--layer NAME ...]
     python -m checks zoo
     python -m checks steps LAYER [--out results/steps]
 
@@ -46,6 +46,10 @@ def _positive(text):
     return value
 
 
+def _count(text):
+    return 0 if text.strip() == "0" else _positive(text)
+
+
 def table(args) -> int:
     rows = args.layer or ROWS
     dtypes = [args.dtype] if args.dtype else ["float64", "float32"]
@@ -71,8 +75,14 @@ def calibrate(args) -> int:
     from checks.calibrate import ALL_CASES, calibrate as run, format_cases, format_margins, summary
     rows = args.layer or ROWS
     dtypes = [args.dtype] if args.dtype else ["float64", "float32"]
-    margins = run(rows, dtypes, args.seeds, workers=args.workers, fd=args.fd,
-                  shape_seed=args.shape_seed, cases=ALL_CASES)
+    from checks.parallel import ClusterError
+    if args.workers and args.scheduler:
+        raise UsageError("--workers, --scheduler: give one (a local cluster or an existing one)")
+    try:
+        margins = run(rows, dtypes, args.seeds, workers=args.workers, scheduler=args.scheduler,
+                      fd=args.fd, shape_seed=args.shape_seed, cases=ALL_CASES)
+    except ClusterError as exc:
+        raise UsageError(str(exc)) from None
     print(format_margins([m for m in margins if m.case == "random shapes"]))
     print()
     print(format_cases(margins))
@@ -103,8 +113,10 @@ def parser_for(command):
                    description="every layer x dtype over many seeds and random shapes: the worst "
                                "error as a fraction of its tolerance")
         p.add_argument("--seeds", type=_positive, default=200, help="seeds per layer x dtype")
-        p.add_argument("--workers", type=int, default=0,
-                       help="worker processes (0: in this process)")
+        p.add_argument("--workers", type=_count, default=0,
+                       help="worker processes of a local Dask cluster (0: in this process)")
+        p.add_argument("--scheduler", metavar="ADDRESS",
+                       help="an existing Dask cluster, e.g. tcp://host:8786 (docs/cluster.md)")
         p.add_argument("--layer", action="append", type=_layer, help="only this layer")
         p.add_argument("--dtype", choices=["float64", "float32"], help="one dtype only")
         p.add_argument("--fd", choices=FD_SCHEMES, default="central", help="FD scheme")
