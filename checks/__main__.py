@@ -1,8 +1,8 @@
 """python -m checks [table options] | calibrate | sensitivity | zoo | steps LAYER.
 
     python -m checks [--json] [--dtype float64|float32] [--layer NAME ...] [--fd SCHEME]
-    python -m checks calibrate [--seeds 200] [--workers 2] [--layer NAME ...]
-    python -m checks sensitivity [--layer NAME ...] [--dtype float32] [--large]
+    python -m checks calibrate [--seeds 200] [--workers 2 | --scheduler tcp://HOST:8786] [--layer NAME ...]
+    python -m checks sensitivity [--layer NAME ...] [--dtype float32] [--large] [--workers 2]
     python -m checks zoo
     python -m checks steps LAYER [--out results/steps]
 
@@ -47,6 +47,10 @@ def _positive(text):
     return value
 
 
+def _count(text):
+    return 0 if text.strip() == "0" else _positive(text)
+
+
 def table(args) -> int:
     rows = args.layer or ROWS
     dtypes = [args.dtype] if args.dtype else ["float64", "float32"]
@@ -68,12 +72,31 @@ def table(args) -> int:
     return 0 if all(r.ok for r in reports) else 1
 
 
+def _cluster_options(p):
+    p.add_argument("--workers", type=_count, default=0,
+                   help="worker processes of a local Dask cluster (0: in this process)")
+    p.add_argument("--scheduler", metavar="ADDRESS",
+                   help="an existing Dask cluster, e.g. tcp://host:8786 (docs/cluster.md)")
+
+
+def _on_cluster(args, run, *a, **kw):
+    """run(*a, **kw, workers=..., scheduler=...) with the cluster options of the command line;
+    a cluster that cannot start is a one-line usage error."""
+    from checks.parallel import ClusterError
+    if args.workers and args.scheduler:
+        raise UsageError("--workers, --scheduler: give one (a local cluster or an existing one)")
+    try:
+        return run(*a, **kw, workers=args.workers, scheduler=args.scheduler)
+    except ClusterError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def calibrate(args) -> int:
     from checks.calibrate import ALL_CASES, calibrate as run, format_cases, format_margins, summary
     rows = args.layer or ROWS
     dtypes = [args.dtype] if args.dtype else ["float64", "float32"]
-    margins = run(rows, dtypes, args.seeds, workers=args.workers, fd=args.fd,
-                  shape_seed=args.shape_seed, cases=ALL_CASES)
+    margins = _on_cluster(args, run, rows, dtypes, args.seeds, fd=args.fd,
+                          shape_seed=args.shape_seed, cases=ALL_CASES)
     print(format_margins([m for m in margins if m.case == "random shapes"]))
     print()
     print(format_cases(margins))
@@ -96,7 +119,7 @@ def sensitivity(args) -> int:
     from checks.sensitivity import format_sensitivity, sensitivity as run, summary
     rows = args.layer or ROWS
     dtypes = [args.dtype] if args.dtype else ["float64", "float32"]
-    results = run(rows, dtypes, large=args.large, seed=args.seed, workers=args.workers)
+    results = _on_cluster(args, run, rows, dtypes, large=args.large, seed=args.seed)
     print(format_sensitivity(results))
     print("\n" + summary(results))
     if args.write_docs:
@@ -132,8 +155,7 @@ def parser_for(command):
                    description="every layer x dtype over many seeds and random shapes: the worst "
                                "error as a fraction of its tolerance")
         p.add_argument("--seeds", type=_positive, default=200, help="seeds per layer x dtype")
-        p.add_argument("--workers", type=int, default=0,
-                       help="worker processes (0: in this process)")
+        _cluster_options(p)
         p.add_argument("--layer", action="append", type=_layer, help="only this layer")
         p.add_argument("--dtype", choices=["float64", "float32"], help="one dtype only")
         p.add_argument("--fd", choices=FD_SCHEMES, default="central", help="FD scheme")
@@ -152,8 +174,7 @@ def parser_for(command):
         p.add_argument("--large", action="store_true",
                        help="also at the bench's large size (B 32, T 64, D 256, H 8, F 1024)")
         p.add_argument("--seed", type=int, default=0, help="seed of inputs and directions")
-        p.add_argument("--workers", type=int, default=0,
-                       help="worker processes (0: in this process)")
+        _cluster_options(p)
         p.add_argument("--write-docs", action="store_true",
                        help="write the table into docs/tolerances.md")
         return p, sensitivity

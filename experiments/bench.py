@@ -18,7 +18,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from experiments import common, timing
+from experiments import common, shares, timing
 
 NAME = "bench"
 LAYER_SIZES = {"B": 64, "T": 17, "S": 16, "D": 32, "H": 4, "F": 128, "V": 12}  # the article's
@@ -37,6 +37,8 @@ class Config:
     sizes: tuple[str, ...] = ("article", "large")  # training-step sizes to time
     dtype: str = "float32"      # floating-point type of the timed steps
     layers: bool = True         # also time every layer on its own
+    peers: bool = True          # also time PyTorch eager and torch.compile (when installed)
+    shares: bool = True         # also time each layer's share of the lab's training step
     extras: bool = True         # also time a whole-model gradient check and the sqrt(d) study
     seed: int = 0               # seed of the inputs and parameters
 
@@ -105,30 +107,50 @@ def layer_rows(config, xp):
     return rows
 
 
-def step_row(config, xp, name):
-    """One training step (forward, backward, Adam) of the lab against the jitted JAX step."""
+class LabStep:
+    """The lab's training step (forward, backward, Adam) at one of STEP_SIZES, on its own state."""
+
+    def __init__(self, config, xp, name):
+        from kernels import model
+        s = STEP_SIZES[name]
+        self.sizes, self.dtype = s, np.dtype(config.dtype)
+        mcfg = model.ModelConfig(D=s["D"], H=s["H"], F=s["F"], V=s["V"])
+        rng = np.random.default_rng(config.seed)
+        self.src = rng.integers(0, s["V"] - 2, (s["B"], s["T"]))
+        self.tgt = rng.integers(0, s["V"] - 2, (s["B"], s["T"]))
+        self.embedding = model.embedding_table(mcfg, self.dtype)
+        self.host_params = model.init_params(mcfg, seed=config.seed, dtype=self.dtype)
+        from kernels.optim import adam_init
+        params = {k: xp.asarray(v) for k, v in self.host_params.items()}
+        self.d_src, self.d_tgt, self.d_emb = xp.asarray(self.src), xp.asarray(self.tgt), \
+            xp.asarray(self.embedding)
+        self.state = {"params": params, "adam": adam_init(params)}
+
+    def forward_backward(self):
+        from kernels import model
+        self.loss, cache = model.model_forward(self.d_src, self.d_tgt, self.state["params"],
+                                               embedding=self.d_emb)
+        return model.model_backward(self.dtype.type(1), cache)[1]
+
+    def adam(self, grads):
+        from kernels.optim import adam_step
+        self.state["params"], self.state["adam"] = adam_step(self.state["params"], grads,
+                                                             self.state["adam"], 1e-3)
+        return self.state["params"]
+
+    def __call__(self):
+        self.adam(self.forward_backward())
+        return self.loss
+
+
+def jax_step_runner(step: LabStep):
+    """jax.jit(value_and_grad) of the reference model plus the same Adam update, compiled;
+    returns (run, FLOPs per step counted by XLA)."""
     import jax
     import jax.numpy as jnp
 
     import reference
-    from kernels import model
-    from kernels.optim import adam_init, adam_step
-    s = STEP_SIZES[name]
-    dtype = np.dtype(config.dtype)
-    mcfg = model.ModelConfig(D=s["D"], H=s["H"], F=s["F"], V=s["V"])
-    rng = np.random.default_rng(config.seed)
-    src = rng.integers(0, s["V"] - 2, (s["B"], s["T"]))
-    tgt = rng.integers(0, s["V"] - 2, (s["B"], s["T"]))
-    embedding = model.embedding_table(mcfg, dtype)
-    params = {k: xp.asarray(v) for k, v in model.init_params(mcfg, seed=config.seed, dtype=dtype).items()}
-    d_src, d_tgt, d_emb = xp.asarray(src), xp.asarray(tgt), xp.asarray(embedding)
-    state = {"params": params, "adam": adam_init(params)}
-
-    def lab():
-        loss, cache = model.model_forward(d_src, d_tgt, state["params"], embedding=d_emb)
-        _, grads = model.model_backward(dtype.type(1), cache)
-        state["params"], state["adam"] = adam_step(state["params"], grads, state["adam"], 1e-3)
-        return loss
+    dtype, embedding = step.dtype, step.embedding
 
     def jax_step(params, m, v, t, src, tgt):
         loss, g = jax.value_and_grad(lambda p: reference.model(src, tgt, p, embedding=embedding))(params)
@@ -139,23 +161,47 @@ def step_row(config, xp, name):
                                         params, m, v)
         return params, m, v, t + 1, loss
 
-    host = {k: jnp.asarray(np.asarray(v.get() if hasattr(v, "get") else v)) for k, v in params.items()}
+    host = {k: jnp.asarray(v) for k, v in step.host_params.items()}
     zeros = jax.tree_util.tree_map(jnp.zeros_like, host)
-    jstate = [host, zeros, zeros, jnp.asarray(1.0, dtype), jnp.asarray(src), jnp.asarray(tgt)]
+    jstate = [host, zeros, zeros, jnp.asarray(1.0, dtype), jnp.asarray(step.src), jnp.asarray(step.tgt)]
     compiled = jax.jit(jax_step).lower(*jstate).compile()
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
     flops = float(cost.get("flops", float("nan"))) if cost else float("nan")
 
-    def jax_run():
+    def run():
         jstate[:4] = compiled(*jstate)[:4]
         return jstate[0]
+    return run, flops
 
+
+def step_row(config, xp, name):
+    """One training step of the lab against the jitted JAX step and, when PyTorch is installed
+    (and the lab runs on NumPy), PyTorch eager and torch.compile: one interleaved measurement."""
+    from experiments import peers_torch
+    step = LabStep(config, xp, name)
+    jax_run, flops = jax_step_runner(step)
+    candidates, notes = {"lab": step, "jax": jax_run}, {}
+    if config.backend != "numpy":
+        notes["torch"] = "PyTorch peers time the NumPy backend only"
+    elif not config.peers:
+        notes["torch"] = "PyTorch peers off (--no-peers)"
+    elif not peers_torch.available():
+        notes["torch"] = peers_torch.INSTALL_HINT
+    else:
+        peers, notes = peers_torch.step_candidates(step.host_params, step.src, step.tgt,
+                                                   step.embedding, threads=config.threads)
+        candidates.update(peers)
+    candidates["matmul"], mm_flops = timing.matmul(xp, np.float32)  # the rate, in the same loop
     with timing.blas_threads(config.threads):
-        t = timing.compare({"lab": lab, "jax": jax_run}, repeats=config.repeats, warmup=config.warmup)
+        t = timing.compare(candidates, repeats=config.repeats, warmup=config.warmup)
+    s = step.sizes
     return {"what": f"training step, {name} " + " ".join(f"{k}{v}" for k, v in s.items()),
-            "lab_ms": 1e3 * t["lab"], "jax_ms": 1e3 * t["jax"], "ratio": t["lab"] / t["jax"],
-            "flops": flops, "lab_flops_per_s": flops / t["lab"]}
+            "size": name, "lab_ms": 1e3 * t["lab"], "jax_ms": 1e3 * t["jax"],
+            "ratio": t["lab"] / t["jax"], "flops": flops, "lab_flops_per_s": flops / t["lab"],
+            "matmul_flops_per_s": mm_flops / t["matmul"],
+            "peers_ms": {k: 1e3 * v for k, v in t.items() if k not in ("lab", "jax", "matmul")},
+            "peer_notes": notes}
 
 
 def extras_rows(config):
@@ -191,32 +237,97 @@ def format_rows(rows) -> str:
     return "\n".join(lines)
 
 
+PEERS = ("torch eager", "torch.compile")
+# targets of the lab's step: size -> (most lab/jax, least fraction of the matmul rate)
+TARGETS = {"article": (0.5, None), "large": (1.0, 0.75)}
+
+
+def format_steps(steps) -> str:
+    """Every training-step time and ratio in one table; floor = FLOPs at the matmul rate
+    measured in the same interleaved loop."""
+    names = ("lab", "jax.jit") + PEERS + ("floor",)
+    head = f"{'step':8s}" + "".join(f" {n + ' ms':>16s}" for n in names) + \
+        "".join(f" {'lab/' + n:>18s}" for n in names[1:])
+    lines = [head, "-" * len(head)]
+    for r in steps:
+        ms = {"lab": r["lab_ms"], "jax.jit": r["jax_ms"], **r["peers_ms"],
+              "floor": 1e3 * r["flops"] / r["matmul_flops_per_s"]}
+        cell = lambda v, fmt: f"{v:{fmt}}" if v is not None else "-"
+        lines.append(f"{r['size']:8s}" + "".join(f" {cell(ms.get(n), '.3f'):>16s}" for n in names)
+                     + "".join(f" {cell(ms['lab'] / ms[n] if n in ms else None, '.2f'):>18s}"
+                               for n in names[1:]))
+    notes = {k: v for r in steps for k, v in r["peer_notes"].items()}
+    lines += [f"  {k}: {v}" for k, v in notes.items()]
+    return "\n".join(lines)
+
+
+def target_lines(steps) -> list:
+    """Whether each size meets its target, and what bounds it when it does not."""
+    lines = []
+    for r in steps:
+        if r["size"] not in TARGETS:
+            continue
+        most, rate = TARGETS[r["size"]]
+        frac = r["lab_flops_per_s"] / r["matmul_flops_per_s"]
+        floor_ms = 1e3 * r["flops"] / r["matmul_flops_per_s"]
+        ok = r["ratio"] <= most and (rate is None or frac >= rate)
+        want = f"lab/jax <= {most}" + (f" at >= {rate:.0%} of the matmul rate" if rate else "")
+        line = (f"target {r['size']}: {want}: {'met' if ok else 'NOT met'} "
+                f"(lab/jax {r['ratio']:.2f}, {frac:.0%} of the matmul rate")
+        if not ok:
+            line += (f"; bound: the floor is {floor_ms:.2f} ms = {floor_ms / r['jax_ms']:.2f} of "
+                     f"jax's step and the lab takes {r['lab_ms'] / floor_ms:.1f}x the floor: its "
+                     f"products are smaller than 1024^3 and run below that rate, and the "
+                     f"element-wise work and Python calls come on top (the shares below)")
+        lines.append(line + ")")
+    return lines
+
+
 def run(config: Config) -> common.Result:
     start = time.perf_counter()
     xp = array_module(config.backend)
     rows = []
     with timing.blas_threads(config.threads):
         ceiling = timing.matmul_rate(xp, np.float32)
-    rows.append({"what": "float32 matmul 1024^3", "note": f"{ceiling / 1e9:.1f} GFLOP/s (the ceiling)"})
+    rows.append({"what": "float32 matmul 1024^3", "note": f"{ceiling / 1e9:.1f} GFLOP/s (alone, before "
+                 f"the steps; each step's loop measures it again)"})
+    steps = []
     for name in common.progress(config.sizes, desc="training steps"):
         row = step_row(config, xp, name)
+        rate = row["matmul_flops_per_s"]
         row["note"] = (f"lab at {row['lab_flops_per_s'] / 1e9:.1f} GFLOP/s = "
-                       f"{row['lab_flops_per_s'] / ceiling:.0%} of the matmul ceiling "
-                       f"({row['flops'] / 1e6:.0f} MFLOP per step, counted by XLA)")
-        rows.append(row)
+                       f"{row['lab_flops_per_s'] / rate:.0%} of the matmul rate measured in the "
+                       f"same loop ({rate / 1e9:.1f} GFLOP/s; {row['flops'] / 1e6:.0f} MFLOP per "
+                       f"step, counted by XLA)")
+        steps.append(row)
+    rows += steps
+    shares_by_size = {}
+    if config.shares:
+        for name in common.progress(config.sizes, desc="layer shares"):
+            step = LabStep(config, xp, name)
+            with timing.blas_threads(config.threads):
+                shares_by_size[name] = shares.measure(
+                    (step.forward_backward, step.adam), repeats=config.repeats,
+                    warmup=config.warmup, sync=None if xp is np else timing.sync)
     if config.layers:
         rows += layer_rows(config, xp)
     if config.extras:
         rows += extras_rows(config)
-    table = format_rows(rows)
-    print(table)
+    text = [format_rows(rows), "", "training steps, every ratio (lower is better for the lab; "
+            "floor: XLA's FLOP count at the matmul rate of the same loop)", format_steps(steps),
+            *target_lines(steps)]
+    if shares_by_size:
+        text += ["", "where the lab's step goes (kernels timed inside the real step; medians)",
+                 shares.format_shares(shares_by_size)]
+    print("\n".join(text))
     out = common.results_dir(NAME)
     meta = {"backend": config.backend, "blas": timing.blas_info(), "matmul_flops": ceiling}
-    common.atomic_write_text(out / "bench.json", json.dumps({"rows": rows, **meta}, indent=2))
+    shares_json = {n: {" ".join(k).strip(): v for k, v in m.items()}
+                   for n, m in shares_by_size.items()}
+    common.atomic_write_text(out / "bench.json", json.dumps(
+        {"rows": rows, "shares_s": shares_json, **meta}, indent=2))
     common.write_csv(out / "data.csv", [{k: r.get(k, "") for k in ("what", "lab_ms", "jax_ms", "ratio", "flops", "note")}
                                         for r in rows])
     common.write_meta(out / "meta.json", config, time.perf_counter() - start, **meta)
-    steps = [r for r in rows if r["what"].startswith("training step")]
-    summary = "; ".join(f"{r['what'].split(',')[1].split()[0]} step lab/jax {r['ratio']:.2f}"
-                        for r in steps)
+    summary = "; ".join(f"{r['size']} step lab/jax {r['ratio']:.2f}" for r in steps)
     return common.Result(f"{summary}; matmul ceiling {ceiling / 1e9:.1f} GFLOP/s", rows=rows)

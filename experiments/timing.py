@@ -55,10 +55,15 @@ def blas_info() -> list:
             for lib in threadpool_info() if lib.get("user_api") == "blas"]
 
 
-def matmul_rate(xp, dtype, n: int = 1024, repeats: int = 10) -> float:
-    """The machine's own matrix-multiply rate in FLOP/s (n x n by n x n): the practical ceiling."""
+def matmul(xp, dtype, n: int = 1024):
+    """(a zero-argument n x n by n x n product, its FLOPs): a candidate to time beside others."""
     rng = np.random.default_rng(0)
     a = xp.asarray(rng.standard_normal((n, n)).astype(dtype))
     b = xp.asarray(rng.standard_normal((n, n)).astype(dtype))
-    seconds = compare({"mm": lambda: a @ b}, repeats=repeats, warmup=2)["mm"]
-    return 2 * n ** 3 / seconds
+    return (lambda: a @ b), 2 * n ** 3
+
+
+def matmul_rate(xp, dtype, n: int = 1024, repeats: int = 10) -> float:
+    """The machine's own matrix-multiply rate in FLOP/s (n x n by n x n): the practical ceiling."""
+    product, flops = matmul(xp, dtype, n)
+    return flops / compare({"mm": product}, repeats=repeats, warmup=2)["mm"]
