@@ -1,8 +1,32 @@
-"""Backends for the suite: NumPy always, CuPy (marker ``gpu``) where a CUDA device answers."""
+"""Backends for the suite: NumPy always, CuPy (marker ``gpu``) where a CUDA device answers.
+
+The suite's processes (pytest-xdist's workers) share one JAX compilation cache, made fresh for
+each run and removed after it: an oracle or rounding model compiled by one worker is loaded by
+the other.  Every run starts cold, so its time is what a fresh clone sees."""
+import os
+import shutil
+import tempfile
+
+import jax
 import numpy as np
 import pytest
 
 import checks  # noqa: F401  (switches JAX to float64 before any oracle runs)
+
+CACHE_ENV = "GRADLAB_TEST_JAX_CACHE"
+
+
+def pytest_configure(config):
+    if not hasattr(config, "workerinput"):  # the run's own process: a fresh cache for the run
+        os.environ[CACHE_ENV] = tempfile.mkdtemp(prefix="gradlab-jax-cache-")
+    jax.config.update("jax_compilation_cache_dir", os.environ[CACHE_ENV])
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+def pytest_unconfigure(config):
+    if not hasattr(config, "workerinput"):
+        shutil.rmtree(os.environ.pop(CACHE_ENV, ""), ignore_errors=True)
 
 
 def _cupy_or_none():
