@@ -104,7 +104,7 @@ def check_layer(forward: Callable, backward: Callable, oracle: Callable, inputs:
     for large models: a failure then cannot say which of the two is wrong).
     policy: the tolerance policy (``checks.tolerances.Policy``), e.g. a registry row's override.
     dout: the upstream gradient (the output's shape), rounded to the checked dtype; by default a
-    random one from the checker's seeded stream (``checks.bisect`` passes a composition's own).
+    random one from the checker's seeded stream (``checks.bisection`` passes a composition's own).
     seed: seeds that stream (dout, the finite-difference directions, the rounding model).
     """
     return LayerCheck(forward, backward, oracle, inputs, params, static=static, nondiff=nondiff,
@@ -389,7 +389,7 @@ class LayerCheck:
     # --- the pipeline ----------------------------------------------------------------------
 
     def run(self, diagnose=True) -> Report:
-        """The stages in order; diagnose=False leaves failures unexplained (checks.bisect's
+        """The stages in order; diagnose=False leaves failures unexplained (checks.bisection's
         screening, where only the verdict counts)."""
         self.prepare()
         try:

@@ -19,7 +19,8 @@ forward and every gradient on the way back (training's debug mode stops at the f
 one).  The model is a sequence of named stages (``enc0.attn`` ... ``dec0.ff``, the ``out`` head,
 the ``loss``), each a kernel pair; every stage runs through a ``tape`` (``DIRECT`` by default),
 an object with ``forward(name, forward, backward, inputs, params, static)`` and
-``backward(name, backward, dout, cache)``: ``checks.bisect.Tape`` records the stages there.  ``decode`` is the one decoder: teacher-forced training and greedy ``generate`` both call it.
+``backward(name, backward, dout, cache)``: ``checks.bisection.Tape`` records the stages there.
+``decode`` is the one decoder: teacher-forced training and greedy ``generate`` both call it.
 """
 from __future__ import annotations
 
@@ -157,7 +158,7 @@ def _embed(ids, embedding, config, dtype, xp):
 
 
 class Direct:
-    """The stages run as written; ``checks.bisect.Tape`` has the same two methods and records."""
+    """The stages run as written; ``checks.bisection.Tape`` has the same two methods and records."""
 
     def forward(self, name, forward, backward, inputs, params, static):
         return forward(*inputs, params, **static)
@@ -377,7 +378,7 @@ def model_forward(src, tgt, params, *, embedding, dropout=0.0, dropout_mask=None
     """Training loss of the whole model.  src: (B, S) ids; tgt: (B, T) ids; params as
     ``init_params``; embedding: the fixed (V, D) table.  Dropout (rate ``dropout``) zeroes entries
     of the final-normalised decoder stream before the output layer, with ``dropout_mask`` (B, T+1, D)
-    or a seeded Generator ``rng``.  ``tape``: what runs the stages (``checks.bisect.Tape`` records
+    or a seeded Generator ``rng``.  ``tape``: what runs the stages (``checks.bisection.Tape`` records
     them).  Returns (loss, cache)."""
     config = config_of(params)
     check_ids("src", src, config.V)

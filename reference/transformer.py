@@ -51,7 +51,7 @@ def head(y, params, *, dropout=0.0, dropout_mask=None):
 
 def probe(probes, name, value):
     """value + probes[name] where a probe of that stage is given: the gradient with respect to
-    the probe is the gradient with respect to the stage's output (checks.bisect)."""
+    the probe is the gradient with respect to the stage's output (checks.bisection)."""
     return value + probes[name] if probes and name in probes else value
 
 

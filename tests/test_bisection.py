@@ -6,7 +6,7 @@ import functools
 import numpy as np
 import pytest
 
-from checks.bisect import bisect_model
+from checks.bisection import bisect_model
 from checks.registry import BY_NAME
 from checks.zoo import BUGS
 from kernels import activations, attention, feedforward, model as M
