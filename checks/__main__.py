@@ -1,6 +1,7 @@
 """python -m checks [table options] | calibrate | zoo | steps LAYER.
 
     python -m checks [--json] [--dtype float64|float32] [--layer NAME ...] [--fd SCHEME]
+                     [--sizes T=1,B=3] [--plot DIR]
     python -m checks calibrate [--seeds 200] [--workers 2] [--layer NAME ...]
     python -m checks zoo
     python -m checks steps LAYER [--out results/steps]
@@ -15,7 +16,7 @@ import sys
 import numpy as np
 
 from checks.legs import FD_SCHEMES
-from checks.registry import BY_NAME, ROWS, run_row
+from checks.registry import BY_NAME, DEFAULT_SIZES, ROWS, run_row
 from checks.report import format_table, reports_to_json
 
 COMMANDS = ("calibrate", "zoo", "steps")
@@ -46,8 +47,43 @@ def _positive(text):
     return value
 
 
+def _sizes(text):
+    """'T=1,B=3' -> {'T': 1, 'B': 3}: known size names, positive integers."""
+    sizes = {}
+    for item in text.split(","):
+        name, eq, value = item.strip().partition("=")
+        if not eq or not name:
+            raise argparse.ArgumentTypeError(f"expected NAME=INTEGER pairs separated by commas "
+                                             f"(T=1,B=3), got {item.strip()!r}")
+        if name not in DEFAULT_SIZES:
+            raise argparse.ArgumentTypeError(f"unknown size {name!r}; the sizes are "
+                                             f"{', '.join(DEFAULT_SIZES)}")
+        try:
+            sizes[name] = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name}: expected an integer, got {value!r}")
+        if sizes[name] < 1:
+            raise argparse.ArgumentTypeError(f"{name}: expected a positive integer, got {value!r}")
+    return sizes
+
+
+def _check_sizes(sizes, rows):
+    """Each row's minimum sizes, and the head width D / H."""
+    s = {**DEFAULT_SIZES, **sizes}
+    for row in rows:
+        for name, least in row.min_sizes.items():
+            if s[name] < least:
+                raise UsageError(f"--sizes: {row.name} needs {name} >= {least}, got "
+                                 f"{name} = {s[name]}")
+    if s["D"] % s["H"]:
+        raise UsageError(f"--sizes: D = {s['D']} must be divisible by H = {s['H']} (the heads' "
+                         f"width P = D / H)")
+
+
 def table(args) -> int:
     rows = args.layer or ROWS
+    if args.sizes:
+        _check_sizes(args.sizes, rows)
     dtypes = [args.dtype] if args.dtype else ["float64", "float32"]
     if args.fd == "complex" and any(not row.analytic for row in rows):
         if args.layer:
@@ -57,9 +93,13 @@ def table(args) -> int:
         rows = [row for row in rows if row.analytic]
         print("note: the complex step applies to analytic layers only; the others are skipped",
               file=sys.stderr)
-    reports = [run_row(row, np.dtype(dt), seed=args.seed, fd=args.fd) for row in rows
-               for dt in dtypes]
+    reports = [run_row(row, np.dtype(dt), seed=args.seed, fd=args.fd, sizes=args.sizes)
+               for row in rows for dt in dtypes]
     print(reports_to_json(reports) if args.json else format_table(reports))
+    if args.plot:
+        paths = [path for r in reports for path in r.plot(args.plot)]
+        print(f"\nwrote {len(paths)} heat map(s) of the failing tensors to {args.plot}",
+              file=sys.stderr)
     if not args.json:
         bad = [f"{r.layer}-{r.dtype}" for r in reports if not r.ok]
         print(f"\n{len(reports) - len(bad)} of {len(reports)} layer checks agree"
@@ -131,6 +171,11 @@ def parser_for(command):
     p.add_argument("--seed", type=int, default=0, help="seed of inputs and directions")
     p.add_argument("--fd", choices=FD_SCHEMES, default="central",
                    help="finite differences: central (default), richardson, complex")
+    p.add_argument("--sizes", type=_sizes, default=None,
+                   help="other sizes for the rows, e.g. T=1,B=3 (names: "
+                        + ", ".join(DEFAULT_SIZES) + ")")
+    p.add_argument("--plot", metavar="DIR",
+                   help="write a heat map (PNG) of hand minus trusted for each failing tensor")
     return p, table
 
 

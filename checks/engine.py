@@ -362,6 +362,7 @@ class LayerCheck:
             result.diagnosis = diagnose(result.name, suspect, trusted, ctx,
                                         self._fit_tol(result))
             result.difference = suspect - trusted
+            result.axes = tuple(self.axes.get(result.name, ()))
             result.location = locate(result.worst, result.shape, self.axes.get(result.name))
             if not self.forward_ok:
                 result.note = "moot while the forward disagrees with the oracle"

@@ -1,0 +1,79 @@
+"""Heat maps of failing tensors (report.plot, python -m checks --plot) and other sizes from the
+command line (python -m checks --sizes)."""
+import functools
+
+import numpy as np
+import pytest
+
+import kernels
+import reference
+from checks import check_layer
+from checks.__main__ import main
+from checks.plots import _panels
+
+
+def _one_head_wrong(dy, cache):
+    """mha's backward with dWQ of head 1 doubled: one wrong head."""
+    dx, grads = kernels.mha_backward(dy, cache)
+    WQ = grads["WQ"].copy()
+    WQ[1] *= 2
+    return dx, {**grads, "WQ": WQ}
+
+
+def test_report_plot_writes_one_png_per_failing_tensor(tmp_path):
+    import matplotlib.image
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 4, 6))
+    params = {k: rng.standard_normal(s) / 2 for k, s in
+              (("WQ", (2, 3, 3)), ("WK", (2, 3, 3)), ("WV", (2, 3, 3)), ("WO", (6, 6)))}
+    report = check_layer(kernels.mha_forward, _one_head_wrong, reference.mha, [x], params,
+                         name="mha", axes={"WQ": ("head", "row", "col")})
+    assert report.failing == ["WQ"]
+    paths = report.plot(tmp_path)
+    assert [p.name for p in paths] == ["mha.WQ.float64.png"]
+    assert matplotlib.image.imread(paths[0]).shape[0] > 100          # a real image
+    wq = report.tensors[1]
+    assert wq.axes == ("head", "row", "col")
+    rows, cols, panels = _panels(wq.difference)                   # a panel per head
+    assert (rows, cols) == (1, 2) and [index for index, _ in panels] == [(0,), (1,)]
+    assert np.abs(panels[0][1]).max() < 1e-12 < 0.1 < np.abs(panels[1][1]).max()  # head 1 only
+    assert check_layer(kernels.mha_forward, kernels.mha_backward, reference.mha, [x],
+                       params).plot(tmp_path / "none") == []
+
+
+def test_higher_ranks_fold_into_rows_and_columns():
+    rows, cols, panels = _panels(np.zeros((2, 3, 4, 5)))
+    assert (rows, cols, len(panels)) == (2, 3, 6) and panels[0][1].shape == (4, 5)
+    assert _panels(np.arange(4.0))[2][0][1].shape == (1, 4)
+
+
+def test_cli_plot_writes_the_failing_tensors(tmp_path, monkeypatch, capsys):
+    import checks.__main__ as cli
+    from checks.registry import run_row
+
+    def halved_bias(dy, cache):
+        dx, grads = kernels.linear_backward(dy, cache)
+        return dx, {**grads, "b": grads["b"] / 2}
+    monkeypatch.setattr(cli, "run_row", functools.partial(run_row, backward=halved_bias))
+    assert main(["--layer", "linear", "--dtype", "float64", "--plot", str(tmp_path)]) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["linear.b.float64.png"]
+    assert "wrote 1 heat map(s)" in capsys.readouterr().err
+
+
+def test_cli_sizes_reach_the_row(capsys):
+    assert main(["--layer", "linear", "--dtype", "float64", "--sizes", "T=1,B=3"]) == 0
+    out = capsys.readouterr().out
+    assert "linear  float64  x        3x1x8" in out
+
+
+@pytest.mark.parametrize("sizes, says", [
+    ("Q=1", "unknown size 'Q'; the sizes are B, T, S, D, H, F, V"),
+    ("T=x", "T: expected an integer, got 'x'"),
+    ("T=0", "T: expected a positive integer, got '0'"),
+    ("T", "expected NAME=INTEGER pairs"),
+    ("D=2", "layernorm needs D >= 4, got D = 2"),
+])
+def test_cli_bad_sizes_are_one_line_and_status_2(sizes, says, capsys):
+    assert main(["--layer", "layernorm", "--sizes", sizes]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and says in err
