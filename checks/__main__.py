@@ -68,16 +68,21 @@ def _sizes(text):
 
 
 def _check_sizes(sizes, rows):
-    """Each row's minimum sizes, and the head width D / H."""
+    """Each row's minimum sizes; then each row's case is drawn and its forward run once, so a
+    size the kernel rejects (D not divisible by H, an odd D for the positional code) is a usage
+    error with the kernel's own message."""
     s = {**DEFAULT_SIZES, **sizes}
     for row in rows:
         for name, least in row.min_sizes.items():
             if s[name] < least:
                 raise UsageError(f"--sizes: {row.name} needs {name} >= {least}, got "
                                  f"{name} = {s[name]}")
-    if s["D"] % s["H"]:
-        raise UsageError(f"--sizes: D = {s['D']} must be divisible by H = {s['H']} (the heads' "
-                         f"width P = D / H)")
+        try:
+            inputs, params, static = row.case(np.random.default_rng(0), np.float64, sizes)
+            row.forward(*inputs, params, **static)
+        except (ValueError, TypeError, ZeroDivisionError) as exc:
+            raise UsageError(f"--sizes: {row.name} rejects {sizes}: "
+                             + str(exc).splitlines()[0])
 
 
 def table(args) -> int:

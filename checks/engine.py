@@ -98,7 +98,9 @@ def check_layer(forward: Callable, backward: Callable, oracle: Callable, inputs:
     differentiated; ``nondiff`` adds more.
 
     name: the layer's name in the report.  input_names: a name per input (default input0, ...).
-    axes: tensor name -> axis names, to report the worst element as ``batch 3, head 1, ...``.
+    static: keyword arguments of both forward and oracle (causal=True, a dropout mask).
+    axes: tensor name -> axis names, to report the worst element as ``batch 3, head 1, ...``
+    (and label the heat maps of ``Report.plot``); a key naming no tensor is a ValueError.
     sizes: the layer's named sizes (B, T, H, P ...), to name a wrong scale factor.
     fd: "central" (u^(1/3) step), "richardson", "complex", or "none" (hand vs autodiff only,
     for large models: a failure then cannot say which of the two is wrong).

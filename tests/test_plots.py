@@ -66,14 +66,15 @@ def test_cli_sizes_reach_the_row(capsys):
     assert "linear  float64  x        3x1x8" in out
 
 
-@pytest.mark.parametrize("sizes, says", [
-    ("Q=1", "unknown size 'Q'; the sizes are B, T, S, D, H, F, V"),
-    ("T=x", "T: expected an integer, got 'x'"),
-    ("T=0", "T: expected a positive integer, got '0'"),
-    ("T", "expected NAME=INTEGER pairs"),
-    ("D=2", "layernorm needs D >= 4, got D = 2"),
+@pytest.mark.parametrize("layer, sizes, says", [
+    ("layernorm", "Q=1", "unknown size 'Q'; the sizes are B, T, S, D, H, F, V"),
+    ("layernorm", "T=x", "T: expected an integer, got 'x'"),
+    ("layernorm", "T=0", "T: expected a positive integer, got '0'"),
+    ("layernorm", "T", "expected NAME=INTEGER pairs"),
+    ("layernorm", "D=2", "layernorm needs D >= 4, got D = 2"),
+    ("mha", "D=6,H=4", "mha rejects {'D': 6, 'H': 4}: x: width D = 6 is not divisible by H = 4"),
 ])
-def test_cli_bad_sizes_are_one_line_and_status_2(sizes, says, capsys):
-    assert main(["--layer", "layernorm", "--sizes", sizes]) == 2
+def test_cli_bad_sizes_are_one_line_and_status_2(layer, sizes, says, capsys):
+    assert main(["--layer", layer, "--sizes", sizes]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and says in err
