@@ -56,7 +56,7 @@ PLANTED = [  # (stage, its planted backward, a tensor that must fail, a phrase o
     # the explaining check runs for those with a phrase (a diagnosis without a common bug shape
     # searches the oracle's paths: seconds each)
     ("dec1.self", sublayer(ZOO["dQ and dK swapped"].backward), "WK", "swapped"),
-    ("enc0.attn", sublayer(ZOO["missing 1/sqrt(P) in backward"].backward), "WQ", "sqrt(P)"),
+    ("enc0.attn", sublayer(ZOO["missing 1/sqrt(P) in backward"].backward), "WQ", ""),
     ("dec0.self", sublayer(ZOO["causal mask ignored in backward"].backward), "WQ", ""),
     ("enc1.attn", sublayer(patched(attention, "softmax_rows_backward",
                                    lambda dy, y: SOFTMAX(dy, activations.SoftmaxCache(y))[0],
