@@ -10,5 +10,5 @@ from checks.engine import Report, TensorResult, check_layer, format_table  # noq
 from checks.assertions import assert_layer  # noqa: E402
 from checks.bisection import Bisection, Stage, Tape, bisect, bisect_model  # noqa: E402
 
-__all__ = ["Bisection", "Report", "Stage", "Tape", "TensorResult", "assert_layer", "bisect", "bisect_model",
-           "check_layer", "format_table"]
+__all__ = ["Bisection", "Report", "Stage", "Tape", "TensorResult", "assert_layer", "bisect",
+           "bisect_model", "check_layer", "format_table"]

@@ -30,12 +30,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+import reference
 from checks import tolerances
 from checks.engine import LayerCheck
 from checks.legs import normwise
-from checks.registry import BTD, MHA_AXES, MHCA_AXES
+from checks.registry import BTD, BY_NAME, MHA_AXES, MHCA_AXES
 from checks.report import Report
+from kernels import model as whole_model
 from kernels.backend import to_numpy
+from reference import transformer
 
 
 @dataclasses.dataclass
@@ -208,25 +211,23 @@ def _glue(stages, upstream) -> str:
 
 # --- the lab's model ------------------------------------------------------------------------
 
-def _model_oracles():
-    import reference
-    from reference import transformer
-    return {"attn": transformer.attention_sublayer, "self": transformer.attention_sublayer,
-            "cross": transformer.cross_sublayer, "ff": transformer.ff_sublayer,
-            "out": transformer.head, "loss": reference.cross_entropy}
-
-
-FF_AXES = {"x": BTD, "W1": ("row", "col"), "W2": ("row", "col"), "b1": ("hidden",),
-           "b2": ("feature",)}
-STAGE_AXES = {"attn": MHA_AXES, "self": MHA_AXES, "cross": MHCA_AXES, "ff": FF_AXES,
+# a stage of the model by its kind (the last part of its name, ``dec0.cross`` -> cross)
+STAGE_ORACLES = {"attn": transformer.attention_sublayer, "self": transformer.attention_sublayer,
+                 "cross": transformer.cross_sublayer, "ff": transformer.ff_sublayer,
+                 "out": transformer.head, "loss": reference.cross_entropy}
+STAGE_AXES = {"attn": MHA_AXES, "self": MHA_AXES, "cross": MHCA_AXES, "ff": BY_NAME["ff"].axes,
               "out": {"y": BTD, "W": ("row", "col"), "b": ("class",)},
-              "loss": {"logits": ("batch", "token", "class")}}
+              "loss": BY_NAME["cross_entropy"].axes}
 STAGE_INPUTS = {"cross": ("x", "z"), "out": ("y",), "loss": ("logits", "targets")}
+
+
+def _kind(name):
+    return name.rsplit(".", 1)[-1]
 
 
 def model_stage(stage) -> dict:
     """Axes, input names and named sizes of one of the model's stages, for its reports."""
-    kind = stage.name.rsplit(".", 1)[-1]
+    kind = _kind(stage.name)
     x = stage.inputs[0]
     sizes = {"B": int(x.shape[0]), "T": int(x.shape[1])}
     if "WQ" in stage.params:
@@ -241,16 +242,13 @@ def model_stage(stage) -> dict:
 def model_tape(backwards=None) -> Tape:
     """A tape for kernels.model: its stages' oracles from reference.transformer, found by the
     stage's kind (``dec0.cross`` -> cross)."""
-    oracles = _model_oracles()
-    return Tape(lambda name: oracles[name.rsplit(".", 1)[-1]], backwards, describe=model_stage)
+    return Tape(lambda name: STAGE_ORACLES[_kind(name)], backwards, describe=model_stage)
 
 
 def bisect_model(src, tgt, params, *, embedding, dloss, backwards=None, dropout=0.0,
                  dropout_mask=None, seed=0, fd="central", explain=True) -> Bisection:
     """Run the lab's model forward and backward through a tape (with ``backwards`` planted in
     place of stages' own) and bisect it against reference.model.  dloss: the upstream scalar."""
-    import reference
-    from kernels import model as whole_model
     tape = model_tape(backwards)
     _, cache = whole_model.model_forward(src, tgt, params, embedding=embedding, dropout=dropout,
                                          dropout_mask=dropout_mask, tape=tape)
