@@ -58,6 +58,11 @@ PLANTED = [  # (stage, its planted backward, a tensor that must fail, a phrase o
     ("dec1.self", sublayer(ZOO["dQ and dK swapped"].backward), "WK", "swapped"),
     ("enc0.attn", sublayer(ZOO["missing 1/sqrt(P) in backward"].backward), "WQ", ""),
     ("dec0.self", sublayer(ZOO["causal mask ignored in backward"].backward), "WQ", ""),
+    ("dec0.self", sublayer(ZOO["transposed weight gradient (W_O)"].backward), "WO", ""),
+    ("enc0.attn", sublayer(ZOO["W_V gradient transposed per head"].backward), "WV", ""),
+    ("dec1.self", sublayer(ZOO["heads merged with the wrong transpose in dx"].backward), "x", ""),
+    ("enc1.attn", sublayer(ZOO["attention weights not transposed in dV"].backward), "WV", ""),
+    ("dec0.self", sublayer(ZOO["self-attention dx misses the key/value path"].backward), "x", ""),
     ("enc1.attn", sublayer(patched(attention, "softmax_rows_backward",
                                    lambda dy, y: SOFTMAX(dy, activations.SoftmaxCache(y))[0],
                                    M.mha_backward)), "WQ", ""),
@@ -86,7 +91,7 @@ def test_the_right_model_bisects_clean(case):
 
 
 @pytest.mark.parametrize("stage, backward, tensor, phrase", PLANTED,
-                         ids=[f"{p[0]}-{p[2]}" for p in PLANTED])
+                         ids=[f"{p[0]}-{p[2]}-{i}" for i, p in enumerate(PLANTED)])
 def test_a_planted_bug_is_found_in_its_stage(case, stage, backward, tensor, phrase):
     result = run(case, {stage: backward}, explain=bool(phrase))
     assert result.culprit == stage, str(result)
