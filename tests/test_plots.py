@@ -6,39 +6,35 @@ import numpy as np
 import pytest
 
 import kernels
-import reference
-from checks import check_layer
 from checks.__main__ import main
 from checks.plots import _panels
+from checks.registry import BY_NAME, run_row
 
 
-def _one_head_wrong(dy, cache):
-    """mha's backward with dWQ of head 1 doubled: one wrong head."""
-    dx, grads = kernels.mha_backward(dy, cache)
-    WQ = grads["WQ"].copy()
-    WQ[1] *= 2
-    return dx, {**grads, "WQ": WQ}
+def _one_batch_wrong(dy, cache):
+    """rms_norm's backward with dx of batch element 1 doubled: one wrong slice."""
+    dx, grads = kernels.rms_norm_backward(dy, cache)
+    dx = dx.copy()
+    dx[1] *= 2
+    return dx, grads
 
 
 def test_report_plot_writes_one_png_per_failing_tensor(tmp_path):
+    """The registry's rms_norm case (as the suite's own row check, so its oracle is compiled
+    once) with one batch element wrong: one PNG, a panel per batch element, only one nonzero."""
     import matplotlib.image
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((2, 4, 6))
-    params = {k: rng.standard_normal(s) / 2 for k, s in
-              (("WQ", (2, 3, 3)), ("WK", (2, 3, 3)), ("WV", (2, 3, 3)), ("WO", (6, 6)))}
-    report = check_layer(kernels.mha_forward, _one_head_wrong, reference.mha, [x], params,
-                         name="mha", axes={"WQ": ("head", "row", "col")})
-    assert report.failing == ["WQ"]
+    row = BY_NAME["rms_norm"]
+    report = run_row(row, np.float64, seed=1, backward=_one_batch_wrong)
+    assert report.failing == ["x"]
     paths = report.plot(tmp_path)
-    assert [p.name for p in paths] == ["mha.WQ.float64.png"]
+    assert [p.name for p in paths] == ["rms_norm.x.float64.png"]
     assert matplotlib.image.imread(paths[0]).shape[0] > 100          # a real image
-    wq = report.tensors[1]
-    assert wq.axes == ("head", "row", "col")
-    rows, cols, panels = _panels(wq.difference)                   # a panel per head
+    x = report.tensors[0]
+    assert x.axes == ("batch", "token", "feature")
+    rows, cols, panels = _panels(x.difference)                    # a panel per batch element
     assert (rows, cols) == (1, 2) and [index for index, _ in panels] == [(0,), (1,)]
-    assert np.abs(panels[0][1]).max() < 1e-12 < 0.1 < np.abs(panels[1][1]).max()  # head 1 only
-    assert check_layer(kernels.mha_forward, kernels.mha_backward, reference.mha, [x],
-                       params).plot(tmp_path / "none") == []
+    assert np.abs(panels[0][1]).max() < 1e-12 < 0.1 < np.abs(panels[1][1]).max()  # batch 1 only
+    assert run_row(row, np.float64, seed=1).plot(tmp_path / "none") == []
 
 
 def test_higher_ranks_fold_into_rows_and_columns():
@@ -49,7 +45,6 @@ def test_higher_ranks_fold_into_rows_and_columns():
 
 def test_cli_plot_writes_the_failing_tensors(tmp_path, monkeypatch, capsys):
     import checks.__main__ as cli
-    from checks.registry import run_row
 
     def halved_bias(dy, cache):
         dx, grads = kernels.linear_backward(dy, cache)
