@@ -200,10 +200,10 @@ def _stage(tape, name, forward, backward, inputs, params, watch=None, **static):
     return out, cache
 
 
-def _stage_backward(tape, name, backward, dout, cache, grads, watch=None, prefix=None):
+def _stage_backward(tape, name, backward, dout, cache, grads, watch=None):
     """The stage's backward through the tape; its parameter gradients go into grads."""
     dinputs, stage_grads = tape.backward(name, backward, dout, cache)
-    grads.update(prefixed((prefix or name) + ".", stage_grads))
+    grads.update(prefixed(name + ".", stage_grads))
     _notify(watch, name, "backward", dinputs[0] if isinstance(dinputs, tuple) else dinputs)
     return dinputs
 
@@ -219,17 +219,21 @@ SUBLAYERS = {"attn": sublayer_pair(MHA), "self": sublayer_pair(MHA), "cross": su
              "ff": sublayer_pair(FF)}  # a stage's kind (its name's last part) -> its kernel pair
 
 
+def _pair(name):
+    """The kernel pair of the sublayer stage named name (``dec0.cross`` -> cross's)."""
+    return SUBLAYERS[name.rsplit(".", 1)[1]]
+
+
 def _sublayer(tape, x, name, params, extra=(), watch=None, **static):
     """The pre-norm residual stage named name (``dec0.cross``) through the tape."""
-    forward, backward = SUBLAYERS[name.rsplit(".", 1)[1]]
+    forward, backward = _pair(name)
     return _stage(tape, name, forward, backward, (x, *extra), sub(params, name + "."), watch,
                   **static)
 
 
 def _sublayer_backward(tape, dx, name, cache, grads, watch=None):
     """Back through the stage named name: (dx, dextra or None)."""
-    dinputs = _stage_backward(tape, name, SUBLAYERS[name.rsplit(".", 1)[1]][1], dx, cache,
-                              grads, watch)
+    dinputs = _stage_backward(tape, name, _pair(name)[1], dx, cache, grads, watch)
     return dinputs if isinstance(dinputs, tuple) else (dinputs, None)
 
 
