@@ -7,5 +7,8 @@ import jax
 jax.config.update("jax_enable_x64", True)
 
 from checks.engine import Report, TensorResult, check_layer, format_table  # noqa: E402
+from checks.assertions import assert_layer  # noqa: E402
+from checks.bisection import Bisection, Stage, Tape, bisect, bisect_model  # noqa: E402
 
-__all__ = ["Report", "TensorResult", "check_layer", "format_table"]
+__all__ = ["Bisection", "Report", "Stage", "Tape", "TensorResult", "assert_layer", "bisect",
+           "bisect_model", "check_layer", "format_table"]

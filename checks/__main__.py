@@ -1,6 +1,7 @@
 """python -m checks [table options] | calibrate | sensitivity | zoo | steps LAYER.
 
     python -m checks [--json] [--dtype float64|float32] [--layer NAME ...] [--fd SCHEME]
+                     [--sizes T=1,B=3] [--plot DIR]
     python -m checks calibrate [--seeds 200] [--workers 2 | --scheduler tcp://HOST:8786] [--layer NAME ...]
     python -m checks sensitivity [--layer NAME ...] [--dtype float32] [--large] [--workers 2]
     python -m checks zoo
@@ -16,7 +17,7 @@ import sys
 import numpy as np
 
 from checks.legs import FD_SCHEMES
-from checks.registry import BY_NAME, ROWS, run_row
+from checks.registry import BY_NAME, DEFAULT_SIZES, ROWS, run_row
 from checks.report import format_table, reports_to_json
 
 COMMANDS = ("calibrate", "sensitivity", "zoo", "steps")
@@ -51,8 +52,48 @@ def _count(text):
     return 0 if text.strip() == "0" else _positive(text)
 
 
+def _sizes(text):
+    """'T=1,B=3' -> {'T': 1, 'B': 3}: known size names, positive integers."""
+    sizes = {}
+    for item in text.split(","):
+        name, eq, value = item.strip().partition("=")
+        if not eq or not name:
+            raise argparse.ArgumentTypeError(f"expected NAME=INTEGER pairs separated by commas "
+                                             f"(T=1,B=3), got {item.strip()!r}")
+        if name not in DEFAULT_SIZES:
+            raise argparse.ArgumentTypeError(f"unknown size {name!r}; the sizes are "
+                                             f"{', '.join(DEFAULT_SIZES)}")
+        try:
+            sizes[name] = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name}: expected an integer, got {value!r}")
+        if sizes[name] < 1:
+            raise argparse.ArgumentTypeError(f"{name}: expected a positive integer, got {value!r}")
+    return sizes
+
+
+def _check_sizes(sizes, rows):
+    """Each row's minimum sizes; then each row's case is drawn and its forward run once, so a
+    size the kernel rejects (D not divisible by H, an odd D for the positional code) is a usage
+    error with the kernel's own message."""
+    s = {**DEFAULT_SIZES, **sizes}
+    for row in rows:
+        for name, least in row.min_sizes.items():
+            if s[name] < least:
+                raise UsageError(f"--sizes: {row.name} needs {name} >= {least}, got "
+                                 f"{name} = {s[name]}")
+        try:
+            inputs, params, static = row.case(np.random.default_rng(0), np.float64, sizes)
+            row.forward(*inputs, params, **static)
+        except (ValueError, TypeError, ZeroDivisionError) as exc:
+            raise UsageError(f"--sizes: {row.name} rejects {sizes}: "
+                             + str(exc).splitlines()[0])
+
+
 def table(args) -> int:
     rows = args.layer or ROWS
+    if args.sizes:
+        _check_sizes(args.sizes, rows)
     dtypes = [args.dtype] if args.dtype else ["float64", "float32"]
     if args.fd == "complex" and any(not row.analytic for row in rows):
         if args.layer:
@@ -62,9 +103,13 @@ def table(args) -> int:
         rows = [row for row in rows if row.analytic]
         print("note: the complex step applies to analytic layers only; the others are skipped",
               file=sys.stderr)
-    reports = [run_row(row, np.dtype(dt), seed=args.seed, fd=args.fd) for row in rows
-               for dt in dtypes]
+    reports = [run_row(row, np.dtype(dt), seed=args.seed, fd=args.fd, sizes=args.sizes)
+               for row in rows for dt in dtypes]
     print(reports_to_json(reports) if args.json else format_table(reports))
+    if args.plot:
+        paths = [path for r in reports for path in r.plot(args.plot)]
+        print(f"\nwrote {len(paths)} heat map(s) of the failing tensors to {args.plot}",
+              file=sys.stderr)
     if not args.json:
         bad = [f"{r.layer}-{r.dtype}" for r in reports if not r.ok]
         print(f"\n{len(reports) - len(bad)} of {len(reports)} layer checks agree"
@@ -198,6 +243,11 @@ def parser_for(command):
     p.add_argument("--seed", type=int, default=0, help="seed of inputs and directions")
     p.add_argument("--fd", choices=FD_SCHEMES, default="central",
                    help="finite differences: central (default), richardson, complex")
+    p.add_argument("--sizes", type=_sizes, default=None,
+                   help="other sizes for the rows, e.g. T=1,B=3 (names: "
+                        + ", ".join(DEFAULT_SIZES) + ")")
+    p.add_argument("--plot", metavar="DIR",
+                   help="write a heat map (PNG) of hand minus trusted for each failing tensor")
     return p, table
 
 

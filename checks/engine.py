@@ -87,7 +87,7 @@ def check_layer(forward: Callable, backward: Callable, oracle: Callable, inputs:
                 params: dict, *, static: dict | None = None, nondiff: Sequence[int] = (),
                 seed: int = 0, name: str = "layer", input_names: Sequence[str] | None = None,
                 axes: dict | None = None, sizes: dict | None = None, fd: str = "central",
-                policy: tolerances.Policy = tolerances.DEFAULT) -> Report:
+                policy: tolerances.Policy = tolerances.DEFAULT, dout=None) -> Report:
     """Check a hand forward/backward pair against its JAX oracle and finite differences.
 
     forward(*inputs, params, **static) -> (out, cache); backward(dout, cache) -> (dinputs,
@@ -99,15 +99,20 @@ def check_layer(forward: Callable, backward: Callable, oracle: Callable, inputs:
     differentiated; ``nondiff`` adds more.
 
     name: the layer's name in the report.  input_names: a name per input (default input0, ...).
-    axes: tensor name -> axis names, to report the worst element as ``batch 3, head 1, ...``.
+    static: keyword arguments of both forward and oracle (causal=True, a dropout mask).
+    axes: tensor name -> axis names, to report the worst element as ``batch 3, head 1, ...``
+    (and label the heat maps of ``Report.plot``); a key naming no tensor is a ValueError.
     sizes: the layer's named sizes (B, T, H, P ...), to name a wrong scale factor.
     fd: "central" (u^(1/3) step), "richardson", "complex", or "none" (hand vs autodiff only,
     for large models: a failure then cannot say which of the two is wrong).
     policy: the tolerance policy (``checks.tolerances.Policy``), e.g. a registry row's override.
+    dout: the upstream gradient (the output's shape), rounded to the checked dtype; by default a
+    random one from the checker's seeded stream (``checks.bisection`` passes a composition's own).
+    seed: seeds that stream (dout, the finite-difference directions, the rounding model).
     """
     return LayerCheck(forward, backward, oracle, inputs, params, static=static, nondiff=nondiff,
                       seed=seed, name=name, input_names=input_names, axes=axes, sizes=sizes,
-                      fd=fd, policy=policy).run()
+                      fd=fd, policy=policy, dout=dout).run()
 
 
 class LayerCheck:
@@ -115,12 +120,12 @@ class LayerCheck:
 
     def __init__(self, forward, backward, oracle, inputs, params, *, static=None, nondiff=(),
                  seed=0, name="layer", input_names=None, axes=None, sizes=None, fd="central",
-                 policy=tolerances.DEFAULT):
+                 policy=tolerances.DEFAULT, dout=None):
         self.forward_fn, self.backward_fn, self.oracle_fn = forward, backward, oracle
         self.inputs, self.params = list(inputs), params
         self.static, self.nondiff, self.seed, self.name = dict(static or {}), set(nondiff), seed, name
         self.input_names, self.axes, self.sizes = input_names, dict(axes or {}), sizes
-        self.fd_scheme, self.policy = fd, policy
+        self.fd_scheme, self.policy, self.given_dout = fd, policy, dout
         self.notes, self.forward_error, self.forward_score = [], math.nan, math.nan
         self.forward_ok, self.judges = False, {}
 
@@ -160,7 +165,13 @@ class LayerCheck:
         except Exception as exc:
             raise _Failed("oracle", _raised("oracle", exc))
         # dout as the kernel will see it: rounded to the checked dtype, exactly the same numbers
-        self.dout = self.rng.standard_normal(out_shape).astype(self.dtype)
+        dout = self.rng.standard_normal(out_shape)
+        if self.given_dout is not None:
+            dout = np.asarray(to_numpy(self.given_dout), dtype=np.float64)
+            if dout.shape != tuple(out_shape):
+                raise ValueError(f"dout: expected the output's shape {tuple(out_shape)}, got "
+                                 f"{dout.shape}")
+        self.dout = dout.astype(self.dtype)
         self.dout64 = _f64(self.dout)
         try:
             self.ref_out, self.auto_in, self.auto_params = self.ref.vjp(self.dout64)
@@ -354,6 +365,7 @@ class LayerCheck:
             result.diagnosis = diagnose(result.name, suspect, trusted, ctx,
                                         self._fit_tol(result))
             result.difference = suspect - trusted
+            result.axes = tuple(self.axes.get(result.name, ()))
             result.location = locate(result.worst, result.shape, self.axes.get(result.name))
             if not self.forward_ok:
                 result.note = "moot while the forward disagrees with the oracle"
@@ -402,7 +414,9 @@ class LayerCheck:
 
     # --- the pipeline ----------------------------------------------------------------------
 
-    def run(self) -> Report:
+    def run(self, diagnose=True) -> Report:
+        """The stages in order; diagnose=False leaves failures unexplained (checks.bisection's
+        screening, where only the verdict counts)."""
         self.prepare()
         try:
             self.oracle()
@@ -413,7 +427,8 @@ class LayerCheck:
             return Report(self.name, str(self.dtype), self.forward_error, math.nan, False, [],
                           error=failed.message, error_in=failed.part, notes=self.notes)
         self.legs()
-        self.diagnose()
+        if diagnose:
+            self.diagnose()
         return self.report()
 
     def report(self, results=None) -> Report:

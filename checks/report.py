@@ -35,6 +35,7 @@ class TensorResult:
     note: str = ""                        # something the user should know even when it passes
     difference: object = dataclasses.field(default=None, repr=False, compare=False)
     #                                       suspect minus trusted leg (failures), for plots
+    axes: tuple = ()                      # the tensor's axis names, when the caller gave them
 
 
 @dataclasses.dataclass
@@ -63,6 +64,12 @@ class Report:
         names = [self.error_in or "forward"] if self.error or not self.forward_ok else []
         return names + [t.name for t in self.tensors if not t.ok]
 
+    def plot(self, out_dir) -> list:
+        """One PNG heat map per failing tensor, hand minus trusted over its axes (checks.plots):
+        the paths written."""
+        from checks.plots import plot_report
+        return plot_report(self, out_dir)
+
     def to_dict(self) -> dict:
         return {"layer": self.layer, "dtype": self.dtype, "ok": self.ok, "error": self.error,
                 "error_in": self.error_in,
@@ -77,7 +84,7 @@ class Report:
 
 def _tensor_dict(t):
     d = {f.name: _num(getattr(t, f.name)) for f in dataclasses.fields(t)
-         if f.name not in ("verdict", "difference")}
+         if f.name not in ("verdict", "difference", "axes")}
     d["verdict"] = t.verdict.kind.name if t.verdict else None
     d["message"] = str(t.verdict) if t.verdict else ""
     return d

@@ -16,18 +16,23 @@ Finish (V - 1); the article's V = 12 gives digits 0-9, Start 10, Finish 11.
 ``model_backward`` calls the layers' backwards in the reverse order of ``model_forward``.
 A ``watch(layer, direction, array)`` callback, when given, sees every layer's output on the way
 forward and every gradient on the way back (training's debug mode stops at the first non-finite
-one).  ``decode`` is the one decoder: teacher-forced training and greedy ``generate`` both call it.
+one).  The model is a sequence of named stages (``enc0.attn`` ... ``dec0.ff``, the ``out`` head,
+the ``loss``), each a kernel pair; every stage runs through a ``tape`` (``DIRECT`` by default),
+an object with ``forward(name, forward, backward, inputs, params, static)`` and
+``backward(name, backward, dout, cache)``: ``checks.bisection.Tape`` records the stages there.
+``decode`` is the one decoder: teacher-forced training and greedy ``generate`` both call it.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Callable, NamedTuple
 
 import numpy
 
 from kernels.attention import mha_backward, mha_forward, mhca_backward, mhca_forward
 from kernels.backend import array_module, check_float, check_ids, check_params
-from kernels.dropout import dropout_backward, dropout_forward
+from kernels.dropout import dropout_backward, dropout_forward, dropout_mask as draw_mask
 from kernels.embedding import embedding_forward, orthogonal_embedding
 from kernels.feedforward import ff_backward, ff_forward
 from kernels.linear import linear_backward, linear_forward
@@ -152,27 +157,84 @@ def _embed(ids, embedding, config, dtype, xp):
     return x  # nothing to cache: the table is not trained and PE passes gradients through
 
 
+class Direct:
+    """The stages run as written; ``checks.bisection.Tape`` has the same two methods and records."""
+
+    def forward(self, name, forward, backward, inputs, params, static):
+        return forward(*inputs, params, **static)
+
+    def backward(self, name, backward, dout, cache):
+        return backward(dout, cache)
+
+
+DIRECT = Direct()
+
+
 class SublayerCache(NamedTuple):
     norm: object   # RmsNormCache of the sublayer's input
     layer: object  # the layer's own cache
 
 
-def _sublayer(x, name, layer_forward, params, extra=(), watch=None, **static):
-    """x + layer(norm(x), *extra): the pre-norm residual step.  x: (B, T, D) -> (B, T, D)."""
-    n, norm_cache = rms_norm_forward(x, {})                         # (B, T, D)
-    y, layer_cache = layer_forward(n, *extra, sub(params, name + "."), **static)  # (B, T, D)
-    _notify(watch, name, "forward", y)
+def pre_norm_residual(x, *extra_and_params, layer_forward, **static):
+    """x + layer(norm(x), *extra): the pre-norm residual step, a stage of the model.
+    x: (B, T, D) -> (B, T, D); extra: cross-attention's Z (B, S, D)."""
+    *extra, params = extra_and_params
+    n, norm_cache = rms_norm_forward(x, {})                              # (B, T, D)
+    y, layer_cache = layer_forward(n, *extra, params, **static)          # (B, T, D)
     return x + y, SublayerCache(norm_cache, layer_cache)
 
 
-def _sublayer_backward(dx, name, layer_backward, cache, grads, watch=None):
-    """Through the layer, then the norm, plus the residual path.  Returns (dx, dextra or None)."""
-    dinputs, layer_grads = layer_backward(dx, cache.layer)
+def pre_norm_residual_backward(dout, cache, *, layer_backward):
+    """Through the layer, then the norm, plus the residual path: (dx or (dx, dextra), grads)."""
+    dinputs, grads = layer_backward(dout, cache.layer)
     dn, dextra = dinputs if isinstance(dinputs, tuple) else (dinputs, None)  # cross-attention: (dx, dz)
-    grads.update(prefixed(name + ".", layer_grads))
-    dn, _ = rms_norm_backward(dn, cache.norm)                       # (B, T, D) through the norm
-    _notify(watch, name, "backward", dn)
-    return dx + dn, dextra                                          # residual: both paths add
+    dn, _ = rms_norm_backward(dn, cache.norm)                            # (B, T, D) through the norm
+    dx = dout + dn                                                       # residual: both paths add
+    return dx if dextra is None else (dx, dextra), grads
+
+
+def _stage(tape, name, forward, backward, inputs, params, watch=None, **static):
+    """One named stage through the tape; watch sees its output.  Returns (out, cache)."""
+    out, cache = tape.forward(name, forward, backward, tuple(inputs), params, static)
+    _notify(watch, name, "forward", out)
+    return out, cache
+
+
+def _stage_backward(tape, name, backward, dout, cache, grads, watch=None):
+    """The stage's backward through the tape; its parameter gradients go into grads."""
+    dinputs, stage_grads = tape.backward(name, backward, dout, cache)
+    grads.update(prefixed(name + ".", stage_grads))
+    _notify(watch, name, "backward", dinputs[0] if isinstance(dinputs, tuple) else dinputs)
+    return dinputs
+
+
+def sublayer_pair(layer):
+    """(forward, backward) of the pre-norm residual step around layer = (forward, backward)."""
+    return (functools.partial(pre_norm_residual, layer_forward=layer[0]),
+            functools.partial(pre_norm_residual_backward, layer_backward=layer[1]))
+
+
+MHA, MHCA, FF = (mha_forward, mha_backward), (mhca_forward, mhca_backward), (ff_forward, ff_backward)
+SUBLAYERS = {"attn": sublayer_pair(MHA), "self": sublayer_pair(MHA), "cross": sublayer_pair(MHCA),
+             "ff": sublayer_pair(FF)}  # a stage's kind (its name's last part) -> its kernel pair
+
+
+def _pair(name):
+    """The kernel pair of the sublayer stage named name (``dec0.cross`` -> cross's)."""
+    return SUBLAYERS[name.rsplit(".", 1)[1]]
+
+
+def _sublayer(tape, x, name, params, extra=(), watch=None, **static):
+    """The pre-norm residual stage named name (``dec0.cross``) through the tape."""
+    forward, backward = _pair(name)
+    return _stage(tape, name, forward, backward, (x, *extra), sub(params, name + "."), watch,
+                  **static)
+
+
+def _sublayer_backward(tape, dx, name, cache, grads, watch=None):
+    """Back through the stage named name: (dx, dextra or None)."""
+    dinputs = _stage_backward(tape, name, _pair(name)[1], dx, cache, grads, watch)
+    return dinputs if isinstance(dinputs, tuple) else (dinputs, None)
 
 
 # --- encoder -------------------------------------------------------------------------------
@@ -186,7 +248,7 @@ class EncoderCache(NamedTuple):
     blocks: tuple  # EncoderBlockCache per block
 
 
-def encode(src, params, *, embedding, watch=None, config=None):
+def encode(src, params, *, embedding, watch=None, config=None, tape=DIRECT):
     """Z = encoder(src).  src: (B, S) ids -> (B, S, D), no final norm (as in the article).
     ``config``: the sizes when the caller has already validated params with config_of."""
     config = config or config_of(params)
@@ -194,19 +256,19 @@ def encode(src, params, *, embedding, watch=None, config=None):
     x = _embed(src, embedding, config, dtype, xp)                                  # (B, S, D)
     blocks = []
     for i in range(config.blocks):
-        x, attn = _sublayer(x, f"enc{i}.attn", mha_forward, params, watch=watch)  # (B, S, D)
-        x, ff = _sublayer(x, f"enc{i}.ff", ff_forward, params, watch=watch)       # (B, S, D)
+        x, attn = _sublayer(tape, x, f"enc{i}.attn", params, watch=watch)          # (B, S, D)
+        x, ff = _sublayer(tape, x, f"enc{i}.ff", params, watch=watch)              # (B, S, D)
         blocks.append(EncoderBlockCache(attn, ff))
     return x, EncoderCache(tuple(blocks))
 
 
-def encode_backward(dz, cache, grads, watch=None):
+def encode_backward(dz, cache, grads, watch=None, tape=DIRECT):
     """Back through the encoder blocks in reverse; adds their gradients to grads."""
     dx = dz                                                                        # (B, S, D)
     for i in reversed(range(len(cache.blocks))):
         block = cache.blocks[i]
-        dx, _ = _sublayer_backward(dx, f"enc{i}.ff", ff_backward, block.ff, grads, watch)
-        dx, _ = _sublayer_backward(dx, f"enc{i}.attn", mha_backward, block.attn, grads, watch)
+        dx, _ = _sublayer_backward(tape, dx, f"enc{i}.ff", block.ff, grads, watch)
+        dx, _ = _sublayer_backward(tape, dx, f"enc{i}.attn", block.attn, grads, watch)
     dx, _ = posenc_backward(dx, None)  # (B, S, D) the fixed embedding table takes no gradient
     return dx
 
@@ -219,15 +281,39 @@ class DecoderBlockCache(NamedTuple):
     ff: SublayerCache
 
 
+class HeadCache(NamedTuple):
+    norm: object     # RmsNormCache of the decoder stream
+    dropout: object  # DropoutCache, or None without dropout
+    out: object      # LinearCache of the output projection
+
+
+def head_forward_pass(y, params, *, dropout=0.0, dropout_mask=None):
+    """The ``out`` stage: logits = Out(dropout(norm(y))).  y: (B, T+1, D) -> (B, T+1, V);
+    params: W (D, V), b (V,); dropout_mask (B, T+1, D) when dropout > 0."""
+    n, norm = rms_norm_forward(y, {})                                                # (B, T+1, D)
+    drop = None
+    if dropout:
+        n, drop = dropout_forward(n, {}, rate=dropout, mask=dropout_mask)             # (B, T+1, D)
+    logits, out = linear_forward(n, params)                                          # (B, T+1, V)
+    return logits, HeadCache(norm, drop, out)
+
+
+def head_backward_pass(dlogits, cache, *, out_backward=linear_backward):
+    """Back through the output projection (out_backward), dropout and the norm: (dy, grads)."""
+    dn, grads = out_backward(dlogits, cache.out)                                      # (B, T+1, D)
+    if cache.dropout is not None:
+        dn, _ = dropout_backward(dn, cache.dropout)                                  # (B, T+1, D)
+    dy, _ = rms_norm_backward(dn, cache.norm)                                        # (B, T+1, D)
+    return dy, grads
+
+
 class DecoderCache(NamedTuple):
-    blocks: tuple      # DecoderBlockCache per block
-    final_norm: object  # RmsNormCache
-    dropout: object    # DropoutCache, or None without dropout
-    out: object        # LinearCache of the output projection
+    blocks: tuple  # DecoderBlockCache per block
+    head: HeadCache
 
 
 def decode(y_in, z, params, *, embedding, dropout=0.0, dropout_mask=None, rng=None, watch=None,
-           config=None):
+           config=None, tape=DIRECT):
     """Logits for every decoder position.  y_in: (B, T+1) ids starting with Start; z: (B, S, D)
     -> (B, T+1, V).  The same function serves training (teacher forcing) and generation."""
     config = config or config_of(params)
@@ -239,36 +325,35 @@ def decode(y_in, z, params, *, embedding, dropout=0.0, dropout_mask=None, rng=No
     y = _embed(y_in, embedding, config, dtype, xp)                                  # (B, T+1, D)
     blocks = []
     for i in range(config.blocks):
-        y, self_attn = _sublayer(y, f"dec{i}.self", mha_forward, params, watch=watch,
+        y, self_attn = _sublayer(tape, y, f"dec{i}.self", params, watch=watch,
                                  causal=True)                                       # (B, T+1, D)
-        y, cross = _sublayer(y, f"dec{i}.cross", mhca_forward, params, (z,), watch)  # (B, T+1, D)
-        y, ff = _sublayer(y, f"dec{i}.ff", ff_forward, params, watch=watch)         # (B, T+1, D)
+        y, cross = _sublayer(tape, y, f"dec{i}.cross", params, (z,), watch)          # (B, T+1, D)
+        y, ff = _sublayer(tape, y, f"dec{i}.ff", params, watch=watch)               # (B, T+1, D)
         blocks.append(DecoderBlockCache(self_attn, cross, ff))
-    n, final_norm = rms_norm_forward(y, {})                                          # (B, T+1, D)
-    drop = None
+    static = {}
     if dropout:
-        n, drop = dropout_forward(n, {}, rate=dropout, mask=dropout_mask,
-                                  rng=None if dropout_mask is not None else rng)     # (B, T+1, D)
-    logits, out = linear_forward(n, sub(params, "out."))                             # (B, T+1, V)
-    _notify(watch, "out", "forward", logits)
-    return logits, DecoderCache(tuple(blocks), final_norm, drop, out)
+        if (dropout_mask is None) == (rng is None):
+            raise ValueError("dropout: give exactly one of dropout_mask= (boolean array) or "
+                             "rng= (Generator)")
+        if dropout_mask is None:  # drawn here, so that the stage is a function of its inputs
+            dropout_mask = draw_mask(y.shape, dropout, rng)                          # (B, T+1, D)
+        static = {"dropout": dropout, "dropout_mask": dropout_mask}
+    logits, head = _stage(tape, "out", head_forward_pass, head_backward_pass, (y,),
+                          sub(params, "out."), watch, **static)                      # (B, T+1, V)
+    return logits, DecoderCache(tuple(blocks), head)
 
 
-def decode_backward(dlogits, cache, grads, watch=None):
+def decode_backward(dlogits, cache, grads, watch=None, tape=DIRECT):
     """Back through the output layer, the final norm and the blocks in reverse.  Returns dz."""
-    dn, out_grads = linear_backward(dlogits, cache.out)                              # (B, T+1, D)
-    grads.update(prefixed("out.", out_grads))
-    _notify(watch, "out", "backward", dn)
-    if cache.dropout is not None:
-        dn, _ = dropout_backward(dn, cache.dropout)                                  # (B, T+1, D)
-    dy, _ = rms_norm_backward(dn, cache.final_norm)                                  # (B, T+1, D)
+    dy = _stage_backward(tape, "out", head_backward_pass, dlogits, cache.head, grads,
+                         watch)                                                      # (B, T+1, D)
     dz = 0
     for i in reversed(range(len(cache.blocks))):
         block = cache.blocks[i]
-        dy, _ = _sublayer_backward(dy, f"dec{i}.ff", ff_backward, block.ff, grads, watch)
-        dy, dz_i = _sublayer_backward(dy, f"dec{i}.cross", mhca_backward, block.cross, grads, watch)
+        dy, _ = _sublayer_backward(tape, dy, f"dec{i}.ff", block.ff, grads, watch)
+        dy, dz_i = _sublayer_backward(tape, dy, f"dec{i}.cross", block.cross, grads, watch)
         dz = dz + dz_i                                      # (B, S, D) every block reads Z
-        dy, _ = _sublayer_backward(dy, f"dec{i}.self", mha_backward, block.self_attn, grads, watch)
+        dy, _ = _sublayer_backward(tape, dy, f"dec{i}.self", block.self_attn, grads, watch)
     posenc_backward(dy, None)  # (B, T+1, D) stops at the fixed embedding table
     return dz
 
@@ -281,6 +366,7 @@ class ModelCache(NamedTuple):
     loss: object    # CrossEntropyCache
     logits: object  # (B, T+1, V), for accuracy and inspection
     order: tuple    # the parameter names, so the gradients come back in the same order
+    tape: object    # the tape the stages ran through, for the backward
 
 
 def teacher_forcing(tgt, config, xp):
@@ -292,11 +378,12 @@ def teacher_forcing(tgt, config, xp):
 
 
 def model_forward(src, tgt, params, *, embedding, dropout=0.0, dropout_mask=None, rng=None,
-                  watch: Callable | None = None):
+                  watch: Callable | None = None, tape=DIRECT):
     """Training loss of the whole model.  src: (B, S) ids; tgt: (B, T) ids; params as
     ``init_params``; embedding: the fixed (V, D) table.  Dropout (rate ``dropout``) zeroes entries
     of the final-normalised decoder stream before the output layer, with ``dropout_mask`` (B, T+1, D)
-    or a seeded Generator ``rng``.  Returns (loss, cache)."""
+    or a seeded Generator ``rng``.  ``tape``: what runs the stages (``checks.bisection.Tape`` records
+    them).  Returns (loss, cache)."""
     config = config_of(params)
     check_ids("src", src, config.V)
     check_ids("tgt", tgt, config.V)
@@ -304,23 +391,26 @@ def model_forward(src, tgt, params, *, embedding, dropout=0.0, dropout_mask=None
         raise ValueError(f"src, tgt: expected (B, S) and (B, T) with the same B, "
                          f"got {tuple(src.shape)} and {tuple(tgt.shape)}")
     xp = array_module(params["out.W"])
-    z, encoder = encode(src, params, embedding=embedding, watch=watch, config=config)  # (B, S, D)
+    z, encoder = encode(src, params, embedding=embedding, watch=watch, config=config,
+                        tape=tape)                                                  # (B, S, D)
     y_in, y_out = teacher_forcing(tgt, config, xp)                                  # (B, T+1) each
     logits, decoder = decode(y_in, z, params, embedding=embedding, dropout=dropout,
-                             dropout_mask=dropout_mask, rng=rng, watch=watch, config=config)
-    loss, loss_cache = cross_entropy_forward(logits, y_out, {})                     # ()
-    _notify(watch, "loss", "forward", loss)
-    return loss, ModelCache(encoder, decoder, loss_cache, logits, tuple(params))
+                             dropout_mask=dropout_mask, rng=rng, watch=watch, config=config,
+                             tape=tape)                                             # (B, T+1, V)
+    loss, loss_cache = _stage(tape, "loss", cross_entropy_forward, cross_entropy_backward,
+                              (logits, y_out), {}, watch)                           # ()
+    return loss, ModelCache(encoder, decoder, loss_cache, logits, tuple(params), tape)
 
 
 def model_backward(dloss, cache, *, watch: Callable | None = None):
-    """Every parameter's gradient, the layers' backwards called in reverse order.
-    Returns ((None, None), grads): token ids take no gradient; grads has the keys of params."""
-    (dlogits, _), _ = cross_entropy_backward(dloss, cache.loss)                     # (B, T+1, V)
-    _notify(watch, "loss", "backward", dlogits)
-    grads = {}
-    dz = decode_backward(dlogits, cache.decoder, grads, watch)                      # (B, S, D)
-    encode_backward(dz, cache.encoder, grads, watch)
+    """Every parameter's gradient, the stages' backwards called in reverse order (through the
+    tape of the forward).  Returns ((None, None), grads): token ids take no gradient; grads has
+    the keys of params."""
+    tape, grads = cache.tape, {}
+    dlogits, _ = _stage_backward(tape, "loss", cross_entropy_backward, dloss, cache.loss, grads,
+                                 watch)                                             # (B, T+1, V)
+    dz = decode_backward(dlogits, cache.decoder, grads, watch, tape)                # (B, S, D)
+    encode_backward(dz, cache.encoder, grads, watch, tape)
     return (None, None), {key: grads[key] for key in cache.order}
 
 

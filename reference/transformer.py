@@ -26,42 +26,72 @@ def _stream(ids, params, embedding):
     return posenc(embed(ids, {"E": table}), {})
 
 
-def encoder(src, params, *, embedding):
-    x = _stream(src, params, embedding)
-    for i in range(_blocks(params)):
-        x = x + mha(rms_norm(x, {}), _layer(params, f"enc{i}.attn."))
-        x = x + ff(rms_norm(x, {}), _layer(params, f"enc{i}.ff."))
-    return x
+def attention_sublayer(x, params, *, causal=False):
+    """The stage x + MHA(norm(x)) (enc*.attn, dec*.self)."""
+    return x + mha(rms_norm(x, {}), params, causal=causal)
 
 
-def decoder(y_in, z, params, *, embedding, dropout=0.0, dropout_mask=None):
-    y = _stream(y_in, params, embedding)
-    for i in range(_blocks(params)):
-        y = y + mha(rms_norm(y, {}), _layer(params, f"dec{i}.self."), causal=True)
-        y = y + mhca(rms_norm(y, {}), z, _layer(params, f"dec{i}.cross."))
-        y = y + ff(rms_norm(y, {}), _layer(params, f"dec{i}.ff."))
+def cross_sublayer(x, z, params):
+    """The stage x + MHCA(norm(x), Z) (dec*.cross)."""
+    return x + mhca(rms_norm(x, {}), z, params)
+
+
+def ff_sublayer(x, params):
+    """The stage x + FF(norm(x)) (enc*.ff, dec*.ff)."""
+    return x + ff(rms_norm(x, {}), params)
+
+
+def head(y, params, *, dropout=0.0, dropout_mask=None):
+    """The stage ``out``: logits = Out(dropout(norm(y)))."""
     n = rms_norm(y, {})
     if dropout:
         n = dropout_layer(n, {}, rate=dropout, mask=dropout_mask)
-    return linear(n, _layer(params, "out."))
+    return linear(n, params)
 
 
-def model(src, tgt, params, *, embedding, dropout=0.0, dropout_mask=None, rng=None, watch=None):
+def probe(probes, name, value):
+    """value + probes[name] where a probe of that stage is given: the gradient with respect to
+    the probe is the gradient with respect to the stage's output (checks.bisection)."""
+    return value + probes[name] if probes and name in probes else value
+
+
+def encoder(src, params, *, embedding, probes=None):
+    x = _stream(src, params, embedding)
+    for i in range(_blocks(params)):
+        x = probe(probes, f"enc{i}.attn", attention_sublayer(x, _layer(params, f"enc{i}.attn.")))
+        x = probe(probes, f"enc{i}.ff", ff_sublayer(x, _layer(params, f"enc{i}.ff.")))
+    return x
+
+
+def decoder(y_in, z, params, *, embedding, dropout=0.0, dropout_mask=None, probes=None):
+    y = _stream(y_in, params, embedding)
+    for i in range(_blocks(params)):
+        y = probe(probes, f"dec{i}.self",
+                  attention_sublayer(y, _layer(params, f"dec{i}.self."), causal=True))
+        y = probe(probes, f"dec{i}.cross", cross_sublayer(y, z, _layer(params, f"dec{i}.cross.")))
+        y = probe(probes, f"dec{i}.ff", ff_sublayer(y, _layer(params, f"dec{i}.ff.")))
+    return probe(probes, "out", head(y, _layer(params, "out."), dropout=dropout,
+                                     dropout_mask=dropout_mask))
+
+
+def model(src, tgt, params, *, embedding, dropout=0.0, dropout_mask=None, rng=None, watch=None,
+          probes=None):
     """Mean cross-entropy of decoder(Start + tgt) against tgt + Finish.  rng and watch are
-    accepted for the kernel's signature; the oracle needs the dropout mask itself.
+    accepted for the kernel's signature; the oracle needs the dropout mask itself.  ``probes``
+    (stage name -> array of the stage's output shape) are added to the stages' outputs.
     Compiled with jax.jit as one program: op by op, the first gradient of a new shape spends
     most of its time compiling each of the few hundred small operations."""
-    return _model(src, tgt, params, embedding, float(dropout), dropout_mask)
+    return _model(src, tgt, params, embedding, float(dropout), dropout_mask, probes)
 
 
 @functools.partial(jax.jit, static_argnames=("dropout",))
-def _model(src, tgt, params, embedding, dropout, dropout_mask):
+def _model(src, tgt, params, embedding, dropout, dropout_mask, probes):
     V = params["out.W"].shape[1]
     tgt = jnp.asarray(tgt)
     B = tgt.shape[0]
     y_in = jnp.concatenate([jnp.full((B, 1), V - 2, tgt.dtype), tgt], axis=1)
     y_out = jnp.concatenate([tgt, jnp.full((B, 1), V - 1, tgt.dtype)], axis=1)
-    z = encoder(jnp.asarray(src), params, embedding=embedding)
+    z = encoder(jnp.asarray(src), params, embedding=embedding, probes=probes)
     logits = decoder(y_in, z, params, embedding=embedding, dropout=dropout,
-                     dropout_mask=dropout_mask)
-    return cross_entropy(logits, y_out, {})
+                     dropout_mask=dropout_mask, probes=probes)
+    return probe(probes, "loss", cross_entropy(logits, y_out, {}))

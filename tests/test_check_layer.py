@@ -95,3 +95,56 @@ def test_missing_gradient_key_fails_by_name():
 
     report = check_layer(kernels.linear_forward, missing, reference.linear, [x], params)
     assert report.failing == ["b"]
+
+
+def test_an_oracle_calling_numpy_on_token_ids_runs_eagerly():
+    """np.asarray on an integer input cannot be traced by jax.jit (nor by jax.eval_shape for the
+    output's shape): the oracle runs eagerly, without a rounding model, and still judges."""
+    def eager_embedding(ids, params):
+        return params["E"][np.asarray(ids)]                    # a NumPy call on the token ids
+
+    rng = np.random.default_rng(2)
+    ids, E = rng.integers(0, 5, (2, 3)), rng.standard_normal((5, 4))
+    right = check_layer(kernels.embedding_forward, kernels.embedding_backward, eager_embedding,
+                        [ids], {"E": E}, input_names=("ids",))
+    assert right.ok and "runs eagerly only" in right.note, str(right)
+    doubled = lambda dy, cache: (None, {"E": 2 * kernels.embedding_backward(dy, cache)[1]["E"]})
+    wrong = check_layer(kernels.embedding_forward, doubled, eager_embedding, [ids], {"E": E},
+                        input_names=("ids",))
+    assert wrong.failing == ["E"] and wrong.tensors[0].verdict.kind is Kind.HAND_WRONG
+    assert "scaled by a constant: 2 x the right one" in wrong.tensors[0].diagnosis
+
+
+def test_unknown_axes_keys_are_an_error_naming_the_argument():
+    import pytest
+    x, params = linear_case()
+    with pytest.raises(ValueError, match=r"axes: no tensor named 'w'; the tensors are input0, W, b"):
+        check_layer(kernels.linear_forward, kernels.linear_backward, reference.linear, [x], params,
+                    axes={"w": ("row", "col")})
+
+
+def _noisy_backward(only_float32):
+    """linear's backward with dW off by 1.5e-5 of its largest element, in a fixed random pattern
+    (no bug shape fits it): in every dtype, or only when it runs in float32."""
+    def backward(dy, cache):
+        dx, grads = kernels.linear_backward(dy, cache)
+        W = grads["W"]
+        if only_float32 and W.dtype != np.float32:
+            return dx, grads
+        noise = np.random.default_rng(3).uniform(-1, 1, W.shape)
+        return dx, {**grads, "W": (W + 1.5e-5 * np.abs(W).max() * noise).astype(W.dtype)}
+    return backward
+
+
+def test_a_small_float32_error_is_rounding_only_when_float64_passes():
+    """A float32 failure within a few tolerances: rounding in an ill-conditioned case only when
+    the same kernel's float64 check passes; a real bug, which fails in float64 too, is not."""
+    x, params = linear_case(np.float32)
+    check = lambda backward: check_layer(kernels.linear_forward, backward, reference.linear, [x],
+                                         params, name="linear")
+    bug = {t.name: t for t in check(_noisy_backward(only_float32=False)).tensors}["W"]
+    rounding = {t.name: t for t in check(_noisy_backward(only_float32=True)).tensors}["W"]
+    assert not bug.ok and not rounding.ok and bug.score > 1 and rounding.score > 1
+    assert "rounding" not in bug.diagnosis and bug.diagnosis == "no common bug pattern fits"
+    assert "the float64 check of the same kernel passes (rounding in an ill-conditioned case)" \
+        in rounding.diagnosis
