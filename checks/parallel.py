@@ -77,7 +77,7 @@ class _client:
                                    f"({type(exc).__name__}: {_first_line(exc)})") from None
             return self.client
         self.cluster = d.LocalCluster(n_workers=self.workers, threads_per_worker=1,
-                                      processes=True, dashboard_address=None,
+                                      processes=True, dashboard_address=":0",
                                       silence_logs=logging.ERROR)
         self.client = d.Client(self.cluster)
         return self.client

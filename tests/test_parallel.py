@@ -20,11 +20,10 @@ def test_in_process_keeps_task_order():
 def test_two_worker_local_cluster_gives_the_single_process_margins_bit_for_bit():
     """Two worker processes (processes=True, the default of workers > 0), tiny checks."""
     pytest.importorskip("distributed")
-    kwargs = dict(rows=["linear"], dtypes=["float64", "float32"], seeds=2, progress=False)
+    kwargs = dict(rows=["linear"], dtypes=["float32"], seeds=2, progress=False)  # two tasks
     here = calibrate(**kwargs)
     there = calibrate(**kwargs, workers=2)
-    assert [(m.layer, m.dtype, m.checks) for m in here] == [("linear", "float64", 2),
-                                                            ("linear", "float32", 2)]
+    assert [(m.layer, m.dtype, m.checks) for m in here] == [("linear", "float32", 2)]
     assert there == here  # every field: the fractions of tolerance compare with ==
 
 
