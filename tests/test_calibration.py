@@ -26,10 +26,11 @@ def test_docs_tables_are_the_commands_output_and_report_no_false_alarm():
 
 
 def test_a_small_slice_of_the_calibration_reruns_without_false_alarms():
-    """Three seeds of a few rows, every edge and ill-conditioned case that applies to them."""
-    margins = calibrate(["linear", "softmax", "rms_norm"], ["float64", "float32"], 3,
-                        cases=ALL_CASES, edge_seeds=1, ill_seeds=1, large_seeds=0,
-                        progress=False)
+    """Two seeds of three rows, one edge shape and every ill-conditioned case that applies."""
+    cases = ("random shapes", "T = 1", "dominant class", "logits beyond 60", "near-constant rows",
+             "near-cancelling sums")
+    margins = calibrate(["linear", "softmax", "rms_norm"], ["float64", "float32"], 2,
+                        cases=cases, edge_seeds=1, ill_seeds=1, large_seeds=0, progress=False)
     assert {m.case for m in margins} >= {"random shapes", "T = 1", "dominant class",
                                          "logits beyond 60", "near-constant rows",
                                          "near-cancelling sums"}

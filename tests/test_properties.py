@@ -37,7 +37,8 @@ LAYERS = [row for row in ROWS if row.name != "model"]
 @pytest.mark.parametrize("row", LAYERS, ids=lambda r: r.name)
 def test_random_shapes_agree_with_oracle(row, dtype):
     # derandomize: the same drawn examples every run, so CI fails on a regression, not by chance
-    @settings(max_examples=2, deadline=None, derandomize=True, database=None,
+    # one example per row x dtype: both dtypes draw the same sizes (one compiled oracle)
+    @settings(max_examples=1, deadline=None, derandomize=True, database=None,
               suppress_health_check=[HealthCheck.too_slow])
     @given(s=sizes_for(row), seed=st.integers(0, 2**31 - 1))
     def check(s, seed):

@@ -36,8 +36,7 @@ def test_a_uniform_0p3_percent_error_in_a_large_float32_weight_gradient_fails():
     of 1024 terms is ~sqrt(log2 1024) u |terms| ~ 2e-7 relative: a 3e-3 error is 10^4 times
     that, so the tolerance must not grow with the tensor's size to swallow it."""
     x, params = _linear_case(np.float32, (16, 64, 256), 512)
-    good = _check(kernels.linear_forward, kernels.linear_backward, x, params)
-    assert good.ok, str(good)
+    # (the correct kernel at this size and larger: `python -m checks calibrate`, "large (bench)")
     bad = _check(kernels.linear_forward, _scaled("W", 1.003), x, params)
     assert bad.failing == ["W"], str(bad)
     assert next(t for t in bad.tensors if t.name == "W").verdict.kind is Kind.HAND_WRONG
