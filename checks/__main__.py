@@ -16,6 +16,7 @@ import sys
 
 import numpy as np
 
+from checks.calibrate import LARGE_SEEDS
 from checks.legs import FD_SCHEMES
 from checks.registry import BY_NAME, DEFAULT_SIZES, ROWS, run_row
 from checks.report import format_table, reports_to_json
@@ -141,7 +142,8 @@ def calibrate(args) -> int:
     rows = args.layer or ROWS
     dtypes = [args.dtype] if args.dtype else ["float64", "float32"]
     margins = _on_cluster(args, run, rows, dtypes, args.seeds, fd=args.fd,
-                          shape_seed=args.shape_seed, cases=ALL_CASES)
+                          shape_seed=args.shape_seed, cases=ALL_CASES,
+                          large_seeds=args.large_seeds)
     print(format_margins([m for m in margins if m.case == "random shapes"]))
     print()
     print(format_cases(margins))
@@ -206,6 +208,8 @@ def parser_for(command):
         p.add_argument("--fd", choices=FD_SCHEMES, default="central", help="FD scheme")
         p.add_argument("--shape-seed", type=int, default=0,
                        help="seed of the random shapes (8 drawn per run, the default one included)")
+        p.add_argument("--large-seeds", type=_count, default=LARGE_SEEDS,
+                       help="seeds at the bench's large size (a minute each; 0 skips that case)")
         p.add_argument("--write-docs", action="store_true",
                        help="write the tables into docs/tolerances.md")
         return p, calibrate

@@ -76,17 +76,26 @@ def attention_params(rng, dtype, s):
 def ff_params(rng, dtype, s, x):
     """Weights whose hidden pre-activations x W1 + b1 stay clear of leaky ReLU's kink.
 
-    Redrawn up to 100 times; at large sizes some value always lies near 0 and the last draw is
-    kept (only element-wise finite differences, used on small tensors, are sensitive to it).
+    Redrawn up to 100 times.  At large sizes (thousands of pre-activations per hidden unit) some
+    value always lies near 0, where a float32 kernel and the float64 oracle may take different
+    branches; there each b1_j is placed instead in the middle of the widest gap between the
+    central half of that unit's values, so both branches are used and no value is near 0.
     """
+    x64 = x.astype(np.float64).reshape(-1, x.shape[-1])                       # (N, D)
     for _ in range(100):
         p = {"W1": normal(rng, (s["D"], s["F"]), dtype, 1 / np.sqrt(s["D"])),
              "b1": normal(rng, (s["F"],), dtype, 0.1),
              "W2": normal(rng, (s["F"], s["D"]), dtype, 1 / np.sqrt(s["F"])),
              "b2": normal(rng, (s["D"],), dtype, 0.1)}
-        if np.min(np.abs(x.astype(np.float64) @ p["W1"] + p["b1"])) > 1e-3:
-            break
-    return p
+        if np.min(np.abs(x64 @ p["W1"] + p["b1"])) > 1e-3:
+            return p
+    z = np.sort(x64 @ p["W1"].astype(np.float64), axis=0)                     # (N, F)
+    n = z.shape[0]
+    centre = z[n // 4: max(n - n // 4, n // 4 + 2)]                           # (~N/2, F)
+    widest = np.argmax(np.diff(centre, axis=0), axis=0)                       # (F,)
+    cols = np.arange(z.shape[1])
+    middle = 0.5 * (centre[widest, cols] + centre[widest + 1, cols])          # (F,)
+    return {**p, "b1": (-middle).astype(dtype)}
 
 
 BTD = ("batch", "token", "feature")
