@@ -1,12 +1,13 @@
 # Two commands do all the set-up on a machine with Python >= 3.10 and pip:
-#   make test   creates .venv on first use, installs the lab, runs the suite
+#   make test   creates .venv on first use, installs the lab, runs the suite (the slow tier
+#               of whole-model compiles and process starts: make test-slow; both: make test-all)
 #   make run    creates .venv if needed and runs the lab's main job
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: test run checks bench clean
+.PHONY: test test-slow test-all run checks bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,6 +16,12 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 test: $(STAMP)
+	$(PY) -m pytest -q -n 2 -m "not slow"
+
+test-slow: $(STAMP)
+	$(PY) -m pytest -q -n 2 -m slow
+
+test-all: $(STAMP)
 	$(PY) -m pytest -q -n 2
 
 run: $(STAMP)

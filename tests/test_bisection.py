@@ -12,6 +12,7 @@ from checks.zoo import BUGS
 from kernels import activations, attention, feedforward, model as M
 
 ZOO = {bug.name: bug for bug in BUGS}
+pytestmark = pytest.mark.slow  # compiles a rounding model per stage of the whole model
 
 
 @pytest.fixture(scope="module")

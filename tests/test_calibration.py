@@ -26,6 +26,7 @@ def test_docs_tables_are_the_commands_output_and_report_no_false_alarm():
     assert found and int(found.group(2)) == 0 and float(found.group(3)) < 1
 
 
+@pytest.mark.slow  # one compile per edge shape
 def test_a_small_slice_of_the_calibration_reruns_without_false_alarms():
     """Two seeds of three rows, one edge shape and every ill-conditioned case that applies."""
     cases = ("random shapes", "T = 1", "dominant class", "logits beyond 60", "near-constant rows",

@@ -12,8 +12,14 @@ from checks.sensitivity import measure
 DTYPES = [np.float64, np.float32]
 
 
+# the whole model compiles its oracle and rounding model in seconds: the slow tier (make test-all)
+ROW_PARAMS = [pytest.param(row, id=row.name,
+                           marks=[pytest.mark.slow] if row.name == "model" else [])
+              for row in ROWS]
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
-@pytest.mark.parametrize("row", ROWS, ids=lambda r: r.name)
+@pytest.mark.parametrize("row", ROW_PARAMS)
 def test_layer_gradients(row, dtype, xp):
     check = layer_check(row, dtype, seed=1, xp=xp)
     report = check.run()

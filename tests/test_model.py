@@ -52,6 +52,7 @@ def article_case(dtype, B=8, T=16):
     return config, params, M.embedding_table(config, np.float64), src, tgt
 
 
+@pytest.mark.slow  # compiles the article-sized model twice (jax.grad, rounding model)
 def test_article_configuration_matches_jax_grad():
     """Hand backward vs jax.grad of the oracle's loss (float64), with a random upstream scalar,
     for every parameter: float64 within 1e-10 relative (the foundation's bar).  float32: the

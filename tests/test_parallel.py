@@ -17,6 +17,7 @@ def test_in_process_keeps_task_order():
     assert parallel.map_tasks(_square, [3, 1, 2], progress=False) == [9, 1, 4]
 
 
+@pytest.mark.slow  # starts a 2-process cluster
 def test_two_worker_local_cluster_gives_the_single_process_margins_bit_for_bit():
     """Two worker processes (processes=True, the default of workers > 0), tiny checks."""
     pytest.importorskip("distributed")

@@ -2,6 +2,8 @@
 import pathlib
 import re
 
+import pytest
+
 
 def test_readme_check_layer_example_runs(capsys):
     text = (pathlib.Path(__file__).parents[1] / "README.md").read_text()
@@ -12,6 +14,7 @@ def test_readme_check_layer_example_runs(capsys):
     assert "scale" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # compiles the stages of the example
 def test_readme_bisection_example_runs(capsys):
     text = (pathlib.Path(__file__).parents[1] / "README.md").read_text()
     block = re.search(r"## Find the wrong stage of a composition.*?```python\n(.*?)```", text,

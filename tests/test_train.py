@@ -189,6 +189,7 @@ def test_train_command_writes_its_files_and_generate_reads_the_checkpoint(tmp_pa
         generate.parse_requests("1 2; 3")
 
 
+@pytest.mark.slow  # starts and kills a training process
 def test_killed_process_keeps_its_checkpoint_and_resumes_to_the_same_parameters(tmp_path):
     """SIGKILL (no chance to clean up) mid-run: the last checkpoint is whole, and --resume
     ends bit-identical to an uninterrupted run with the same settings."""

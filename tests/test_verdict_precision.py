@@ -3,6 +3,7 @@ float32-rounded float64 forward does not excuse a float64 backward error, a kern
 float32 to float64 is named and still judged, and a kernel computing in float32 inside a float64
 check is recognised from its error level, not failed."""
 import numpy as np
+import pytest
 
 import kernels
 import reference
@@ -31,6 +32,7 @@ def _scaled(key, factor):
     return backward
 
 
+@pytest.mark.slow  # a check at the bench's large size
 def test_a_uniform_0p3_percent_error_in_a_large_float32_weight_gradient_fails():
     """x (16, 64, 256), W (256, 512): dW 0.3 % too large everywhere.  float32 rounding of a sum
     of 1024 terms is ~sqrt(log2 1024) u |terms| ~ 2e-7 relative: a 3e-3 error is 10^4 times

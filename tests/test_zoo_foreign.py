@@ -1,5 +1,6 @@
 """The zoo's foreign section: bugs in layers the lab has never seen, caught and explained."""
 import numpy as np
+import pytest
 
 from checks import __main__ as cli
 from checks.registry import BY_NAME
@@ -15,6 +16,7 @@ def test_foreign_layers_are_right_with_their_own_backward_and_unknown_to_the_lab
         assert report.ok, "\n" + str(report)
 
 
+@pytest.mark.slow  # 18 bugs, most explained by a search of the oracle's paths
 def test_foreign_section_is_caught_and_mostly_explained():
     assert len({b.row.name.split("-")[0] for b in BUGS}) >= 3 and len(BUGS) >= 15
     results = run_zoo(np.float64, bugs=BUGS)
