@@ -94,9 +94,9 @@ def _pair(u):
 class RoundingModel:
     """The perturbed program of one oracle at fixed shapes; ``spread`` runs it on values.
 
-    One compiled program does everything: an exact run that also records every operation's
-    noise amplitude (|result|, and sqrt(1 + log2 k) sum|terms| for a sum), then the perturbed
-    runs under ``jax.vmap``, which add amplitude x noise and nothing else (to first order in u
+    One compiled program, called once per part of the program, does everything: an exact run
+    that also records every operation's noise amplitude (|result|, and sqrt(1 + log2 k)
+    sum|terms| for a sum), then that part's perturbed runs under ``jax.vmap``, which add amplitude x noise and nothing else (to first order in u
     the amplitude of the exact run is the amplitude of the perturbed one, so the perturbed runs
     never recompute sum|terms|), then the spreads.  Each part's noise is drawn for its own
     samples only.  It is compiled without XLA's costly passes: a model, not a result."""

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from checks import docs
-from checks.calibrate import ALL_CASES, Margin, calibrate, format_cases, summary
+from checks.calibrate import (ALL_CASES, Margin, calibrate, calibrate_one, format_cases,
+                              format_margins, shape_pool, summary)
 from checks.registry import BY_NAME, run_row
 
 
@@ -38,6 +39,15 @@ def test_a_small_slice_of_the_calibration_reruns_without_false_alarms():
                                          "near-cancelling sums"}
     assert all(m.false_alarms == 0 and 0 < m.worst < 1 for m in margins), format_cases(margins)
     assert "0 false alarms" in summary(margins)
+
+
+def test_a_quick_calibration_of_one_row_has_no_false_alarm():
+    """Three seeds of the linear row at three shapes, both dtypes (the fast tier's calibration)."""
+    pool = shape_pool(0)[:3]
+    margins = [calibrate_one("linear", dt, 3, pool) for dt in ("float64", "float32")]
+    assert all(m.checks == 3 and m.false_alarms == 0 for m in margins)
+    assert all(0 < m.worst < 1 for m in margins)
+    assert "linear" in format_margins(margins)
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])

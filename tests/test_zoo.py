@@ -2,7 +2,6 @@
 import numpy as np
 import pytest
 
-from checks.calibrate import Margin, calibrate_one, format_margins, shape_pool
 from checks.registry import run_row
 from checks.verdict import Kind
 from checks.zoo import BLOCK, BUGS, format_zoo, run_bug
@@ -50,19 +49,3 @@ def test_zoo_table_lists_each_bug():
     results = [run_bug(b) for b in BUGS[-3:]]
     text = format_zoo(results)
     assert all(b.name in text for b in BUGS[-3:]) and "3 of 3 bugs caught" in text
-
-
-def test_small_calibration_has_no_false_alarm():
-    """The suite's small version of `python -m checks calibrate` (that one runs 200 seeds)."""
-    pool = shape_pool(0)[:3]
-    margins = [calibrate_one("linear", dt, 3, pool) for dt in ("float64", "float32")]
-    assert all(m.checks == 3 and m.false_alarms == 0 for m in margins)
-    assert all(0 < m.worst < 1 for m in margins)
-    assert "linear" in format_margins(margins)
-
-
-def test_calibration_counts_a_false_alarm():
-    bad = run_bug(next(b for b in BUGS if b.row.name == "linear")).report
-    margin = Margin("linear", "float64")
-    margin.add(bad, "seed 0")
-    assert margin.false_alarms == 1 and margin.worst > 1 and "seed 0" in margin.first_alarm
