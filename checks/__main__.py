@@ -1,6 +1,6 @@
 """python -m checks [table options] | calibrate | sensitivity | zoo | steps LAYER.
 
-    python -m checks [--json] [--dtype float64|float32] [--layer NAME ...] [--fd SCHEME]
+    python -m checks [--json] [--dtype float64|float32|float16|bfloat16] [--layer NAME ...] [--fd SCHEME]
                      [--sizes T=1,B=3] [--plot DIR]
     python -m checks calibrate [--seeds 200] [--workers 2 | --scheduler tcp://HOST:8786] [--layer NAME ...]
     python -m checks sensitivity [--layer NAME ...] [--dtype float32] [--large] [--workers 2]
@@ -20,6 +20,7 @@ from checks.calibrate import LARGE_SEEDS
 from checks.legs import FD_SCHEMES
 from checks.registry import BY_NAME, DEFAULT_SIZES, ROWS, run_row
 from checks.report import format_table, reports_to_json
+from kernels.precision import FORMATS
 
 COMMANDS = ("calibrate", "sensitivity", "zoo", "steps")
 
@@ -204,7 +205,8 @@ def parser_for(command):
         p.add_argument("--seeds", type=_positive, default=200, help="seeds per layer x dtype")
         _cluster_options(p)
         p.add_argument("--layer", action="append", type=_layer, help="only this layer")
-        p.add_argument("--dtype", choices=["float64", "float32"], help="one dtype only")
+        p.add_argument("--dtype", choices=FORMATS,
+                       help="one format only (default: float64 and float32)")
         p.add_argument("--fd", choices=FD_SCHEMES, default="central", help="FD scheme")
         p.add_argument("--shape-seed", type=int, default=0,
                        help="seed of the random shapes (8 drawn per run, the default one included)")
@@ -219,7 +221,8 @@ def parser_for(command):
                                "tensor, one slice, one element): the smallest caught per layer, "
                                "dtype and pattern, against the goals")
         p.add_argument("--layer", action="append", type=_layer, help="only this layer")
-        p.add_argument("--dtype", choices=["float64", "float32"], help="one dtype only")
+        p.add_argument("--dtype", choices=FORMATS,
+                       help="one format only (default: float64 and float32)")
         p.add_argument("--large", action="store_true",
                        help="also at the bench's large size (B 32, T 64, D 256, H 8, F 1024)")
         p.add_argument("--seed", type=int, default=0, help="seed of inputs and directions")
@@ -241,7 +244,8 @@ def parser_for(command):
     p = Parser(prog="python -m checks", description="Hand gradients against JAX autodiff and "
                "finite differences, layer by layer.  Subcommands: " + ", ".join(COMMANDS))
     p.add_argument("--json", action="store_true", help="print the table as JSON")
-    p.add_argument("--dtype", choices=["float64", "float32"], help="one dtype only")
+    p.add_argument("--dtype", choices=FORMATS,
+                       help="one format only (default: float64 and float32)")
     p.add_argument("--layer", action="append", type=_layer,
                    help="check only this layer (repeatable)")
     p.add_argument("--seed", type=int, default=0, help="seed of inputs and directions")

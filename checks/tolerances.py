@@ -20,7 +20,9 @@ Notation: u is the unit roundoff of a format (2^-53 float64, 2^-24 float32, 2^-1
    relative error is spread within it), which is further margin, not a licence to tighten: the
    calibration (``docs/tolerances.md``) shows how much room correct kernels leave.
    ULPS = 4 allows the final rounding of a result the oracle obtains exactly (a kernel may
-   compute an element the oracle copies); tiny is the format's smallest normal number.
+   compute an element the oracle copies); tiny = ULPS x the format's smallest subnormal number
+   (the spacing of the subnormals, in float16 6e-8: a result below the normal range, 6.1e-5,
+   rounds to that absolute error, not to a relative one).
    The error reported is max_i |hand_i - autodiff_i| / tol_i: 1 is the edge.
 
    Neither the tensor's largest element nor its size enters: a gradient that cancels to a small
@@ -56,17 +58,14 @@ try:  # bfloat16 (and other small formats) come with JAX
 except ImportError:  # pragma: no cover
     ml_dtypes = None
 
+from kernels.precision import is_float_dtype  # noqa: E402
+
 U64 = float(numpy.finfo(numpy.float64).eps) / 2
 
 
 def is_float(dtype) -> bool:
-    """A real floating format, NumPy's own or ml_dtypes' (whose kind is 'V')."""
-    dtype = numpy.dtype(dtype)
-    if dtype.kind == "f":
-        return True
-    return ml_dtypes is not None and dtype.kind == "V" and dtype.name in ("bfloat16",
-                                                                         "float8_e4m3fn",
-                                                                         "float8_e5m2")
+    """A real floating format, NumPy's own or ml_dtypes' bfloat16 (whose kind is 'V')."""
+    return is_float_dtype(dtype)
 
 
 def finfo(dtype):
@@ -88,8 +87,11 @@ class Policy:
     COMPLEX_STEP_ULPS: float = 1e3  # complex step: rounding only
     FD_ELEMENTWISE_MAX: int = 256   # tensors up to this size also get element-wise FD
     LOW_PRECISION: str = "float32"  # the lower precision a float64 forward is recognised in
-    # the roundoff of results and of sums per format: (u of results, u of sums); None = u, u
-    accumulate: tuple = ()          # e.g. (("float16", "float32"),): float16 sums in float32
+    # per half-precision format, the formats of a kernel's (results, sums) inside: the lab's
+    # kernels compute in float32 and round once what they return (kernels.precision), a
+    # rounding the ULPS term covers; a composition that rounds between kernels (the model)
+    # sets its results to the format itself
+    compute: tuple = (("float16", ("float32", "float32")), ("bfloat16", ("float32", "float32")))
 
     def override(self, changes=None, dtype=None) -> "Policy":
         """This policy with a registry row's overrides (``Row.tolerance``): field -> value for
@@ -106,16 +108,16 @@ class Policy:
 
     def u(self, dtype) -> tuple:
         """(u of results, u of sums) of a format under this policy."""
-        name = numpy.dtype(dtype).name
-        acc = dict(self.accumulate).get(name)
-        u = unit_roundoff(dtype)
-        return (u, unit_roundoff(acc) if acc else u)
+        inside = dict(self.compute).get(numpy.dtype(dtype).name)
+        if inside is None:
+            return (unit_roundoff(dtype),) * 2
+        return tuple(unit_roundoff(f) for f in inside)
 
     def elementwise(self, spread_scale, reference, dtype):
         """tol_i from the model's error scale s_i (already at the right roundoffs)."""
         u = unit_roundoff(dtype)
-        return (self.LAMBDA * spread_scale + self.ULPS * u * numpy.abs(reference)
-                + float(finfo(dtype).tiny))
+        return (self.LAMBDA * spread_scale
+                + self.ULPS * (u * numpy.abs(reference) + float(finfo(dtype).smallest_subnormal)))
 
     def fd_tol(self, rounding_abs, h, scale, u=U64):
         """Relative tolerance of a central difference (module docstring, 3)."""

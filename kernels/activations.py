@@ -2,6 +2,7 @@
 from typing import NamedTuple
 
 from kernels.backend import array_module, check_float, check_params
+from kernels.precision import half_precision_backward, half_precision
 
 
 # Softmax is invariant to a per-row shift; the shift only has to keep exp() finite and the
@@ -44,6 +45,7 @@ class SoftmaxCache(NamedTuple):
     y: object  # (..., N) the probabilities; backward needs nothing else
 
 
+@half_precision
 def softmax_forward(x, params):
     """Softmax over the last axis.  x: (..., N) -> (..., N).  No parameters."""
     check_float("x", x)
@@ -52,6 +54,7 @@ def softmax_forward(x, params):
     return y, SoftmaxCache(y)
 
 
+@half_precision_backward
 def softmax_backward(dy, cache):
     """dx = y * (dy - <dy, y>): the diagonal term minus the outer-product term."""
     return softmax_rows_backward(dy, cache.y), {}
@@ -66,6 +69,7 @@ class LeakyReluCache(NamedTuple):
     gain: object  # (...) 1 where x > 0, slope elsewhere: dy/dx
 
 
+@half_precision
 def leaky_relu_forward(x, params, *, slope=0.1):
     """y = x where x > 0, slope * x elsewhere.  No parameters.
 
@@ -83,6 +87,7 @@ def leaky_relu_forward(x, params, *, slope=0.1):
     return gain * x, LeakyReluCache(gain)
 
 
+@half_precision_backward
 def leaky_relu_backward(dy, cache):
     """dx = gain * dy: dy where x > 0, slope * dy elsewhere."""
     return cache.gain * dy, {}

@@ -14,6 +14,7 @@ from typing import NamedTuple
 
 from kernels.activations import softmax_rows, softmax_rows_backward
 from kernels.backend import array_module, check_float, check_params
+from kernels.precision import half_precision_backward, half_precision
 
 
 def split_heads(x, H):
@@ -109,22 +110,26 @@ def _attention_backward(dout, cache):
     return dxq_h, dxkv_h, grads
 
 
+@half_precision
 def mha_forward(x, params, *, causal=False):
     """Multi-head self-attention.  x: (B, T, D) -> (B, T, D); causal masks future keys."""
     return _attention_forward(x, x, params, causal=causal)
 
 
+@half_precision_backward
 def mha_backward(dout, cache):
     """The stream feeds queries, keys and values: its gradient is the sum of both paths."""
     dxq_h, dxkv_h, grads = _attention_backward(dout, cache)
     return merge_heads(dxq_h + dxkv_h, dout.shape[0]), grads        # (B, T, D)
 
 
+@half_precision
 def mhca_forward(x, z, params):
     """Multi-head cross-attention: queries from x (B, T, D), keys/values from z (B, S, D)."""
     return _attention_forward(x, z, params, causal=False)
 
 
+@half_precision_backward
 def mhca_backward(dout, cache):
     """Gradients into both streams: (dx, dz), and the weights."""
     dxq_h, dxkv_h, grads = _attention_backward(dout, cache)

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import numpy
 
+from kernels.precision import is_float_dtype
+
 try:  # CuPy is optional: the lab runs on NumPy alone.
     import cupy as _cupy
 except Exception:  # ImportError, or a CUDA runtime that fails to load
@@ -39,7 +41,7 @@ def check_float(name, x, ndim=None):
     """x must be a floating-point array (of rank ndim when given)."""
     if not hasattr(x, "dtype") or not hasattr(x, "shape"):
         raise TypeError(f"{name}: expected a floating-point array, got {type(x).__name__}")
-    if x.dtype.kind != "f":
+    if not is_float_dtype(x.dtype):
         raise TypeError(f"{name}: expected a floating-point array, got dtype {x.dtype}")
     if ndim is not None and x.ndim != ndim:
         raise ValueError(f"{name}: expected rank {ndim}, got shape {tuple(x.shape)}")

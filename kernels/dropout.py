@@ -8,6 +8,7 @@ from typing import NamedTuple
 import numpy
 
 from kernels.backend import array_module, check_float, check_params
+from kernels.precision import half_precision_backward, half_precision
 
 
 class DropoutCache(NamedTuple):
@@ -19,6 +20,7 @@ def dropout_mask(shape, rate, rng):
     return rng.random(shape) >= rate
 
 
+@half_precision
 def dropout_forward(x, params, *, rate, mask=None, rng=None):
     """y = x * mask / (1 - rate).  Give the keep-mask, or a seeded Generator to draw it."""
     check_float("x", x)
@@ -36,6 +38,7 @@ def dropout_forward(x, params, *, rate, mask=None, rng=None):
     return x * scale, DropoutCache(scale)
 
 
+@half_precision_backward
 def dropout_backward(dy, cache):
     """dx = dy * mask / (1 - rate)."""
     return dy * cache.scale, {}

@@ -4,6 +4,7 @@ from typing import NamedTuple
 import numpy
 
 from kernels.backend import array_module, check_float, check_ids, scatter_add
+from kernels.precision import half_precision_backward, half_precision
 
 
 def orthogonal_embedding(V, D, seed=13, dtype=numpy.float32):
@@ -19,6 +20,7 @@ class EmbeddingCache(NamedTuple):
     vocab: int       # V, the number of rows of the table
 
 
+@half_precision
 def embedding_forward(ids, params):
     """out[b, t] = E[ids[b, t]].  ids: (B, T) integers in [0, V); params E: (V, D)."""
     if not isinstance(params, dict) or set(params) != {"E"}:
@@ -32,6 +34,7 @@ def embedding_forward(ids, params):
     return out, EmbeddingCache(ids, E.shape[0])
 
 
+@half_precision_backward
 def embedding_backward(dout, cache):
     """dE[v] = sum of dout over every position holding token v (repeated ids accumulate)."""
     xp = array_module(dout)

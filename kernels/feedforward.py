@@ -3,6 +3,7 @@ from typing import NamedTuple
 
 from kernels.activations import leaky_relu_backward, leaky_relu_forward
 from kernels.linear import linear_backward, linear_forward
+from kernels.precision import half_precision_backward, half_precision
 
 
 class FeedForwardCache(NamedTuple):
@@ -11,6 +12,7 @@ class FeedForwardCache(NamedTuple):
     second: object  # LinearCache of h W2 + b2
 
 
+@half_precision
 def ff_forward(x, params, *, slope=0.1):
     """x: (B, T, D); W1 (D, F), b1 (F,), W2 (F, D), b2 (D,) -> (B, T, D)."""
     keys = {"W1", "b1", "W2", "b2"}
@@ -23,6 +25,7 @@ def ff_forward(x, params, *, slope=0.1):
     return y, FeedForwardCache(first, act, second)
 
 
+@half_precision_backward
 def ff_backward(dy, cache):
     """The three backwards in reverse order."""
     da, g2 = linear_backward(dy, cache.second)   # (B, T, F)

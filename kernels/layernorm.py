@@ -3,6 +3,7 @@ docs/adding-a-layer.md adds it the way any new layer is added)."""
 from typing import NamedTuple
 
 from kernels.backend import array_module, check_float, check_params
+from kernels.precision import half_precision_backward, half_precision
 
 EPS = 1e-5
 
@@ -13,6 +14,7 @@ class LayerNormCache(NamedTuple):
     g: object        # (D,) the gain, for dxhat
 
 
+@half_precision
 def layernorm_forward(x, params, *, eps=EPS):
     """y = g * (x - mean(x)) / sqrt(var(x) + eps) + b over the last axis.
 
@@ -28,6 +30,7 @@ def layernorm_forward(x, params, *, eps=EPS):
     return xhat * params["g"] + params["b"], LayerNormCache(xhat, inv_std, params["g"])
 
 
+@half_precision_backward
 def layernorm_backward(dy, cache):
     """dx = (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)) / std, with dxhat = dy * g: the
     direct term, the term through the mean and the term through the variance."""

@@ -7,6 +7,7 @@ BLAS thread, the bench's feed-forward shapes: D 32 -> F 128 and D 256 -> F 1024,
 from typing import NamedTuple
 
 from kernels.backend import check_float, check_params
+from kernels.precision import half_precision_backward, half_precision
 
 
 class LinearCache(NamedTuple):
@@ -14,6 +15,7 @@ class LinearCache(NamedTuple):
     W: object  # (N_in, N_out), for dx
 
 
+@half_precision
 def linear_forward(x, params):
     """y = x W + b.  x: (..., N_in); W: (N_in, N_out); b: (N_out,) -> (..., N_out)."""
     check_float("x", x)
@@ -28,6 +30,7 @@ def linear_forward(x, params):
     return y, LinearCache(x, W)
 
 
+@half_precision_backward
 def linear_backward(dy, cache):
     """dx = dy W^T;  dW = x^T dy summed over every leading axis;  db = dy summed likewise."""
     x, W = cache

@@ -2,6 +2,7 @@
 from typing import NamedTuple
 
 from kernels.backend import array_module, check_float, check_ids, check_params
+from kernels.precision import half_precision_backward, half_precision
 
 
 class CrossEntropyCache(NamedTuple):
@@ -9,6 +10,7 @@ class CrossEntropyCache(NamedTuple):
     targets: object  # (...) integer targets
 
 
+@half_precision
 def cross_entropy_forward(logits, targets, params):
     """loss = mean over positions of -log softmax(logits)[target].  logits: (..., V)."""
     check_float("logits", logits)
@@ -26,6 +28,7 @@ def cross_entropy_forward(logits, targets, params):
     return loss, CrossEntropyCache(xp.exp(log_p), targets)
 
 
+@half_precision_backward
 def cross_entropy_backward(dloss, cache):
     """dlogits = dloss * (softmax - onehot) / N, N = number of positions (B * T)."""
     xp = array_module(cache.probs)

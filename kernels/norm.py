@@ -2,6 +2,7 @@
 from typing import NamedTuple
 
 from kernels.backend import array_module, check_float, check_params
+from kernels.precision import half_precision_backward, half_precision
 
 EPS = 1e-8
 
@@ -11,6 +12,7 @@ class RmsNormCache(NamedTuple):
     inv_rms: object  # (..., 1) 1 / sqrt(mean(x^2) + eps)
 
 
+@half_precision
 def rms_norm_forward(x, params, *, eps=EPS):
     """y = x / sqrt(mean(x^2, last axis) + eps).  x: (..., D) -> (..., D)."""
     check_float("x", x)
@@ -21,6 +23,7 @@ def rms_norm_forward(x, params, *, eps=EPS):
     return y, RmsNormCache(y, inv_rms)
 
 
+@half_precision_backward
 def rms_norm_backward(dy, cache):
     """dx = (dy - y * mean(dy * y)) / rms: the direct term minus the term through the rms."""
     y, inv_rms = cache

@@ -4,6 +4,7 @@ from typing import NamedTuple
 import numpy
 
 from kernels.backend import array_module, check_float, check_params
+from kernels.precision import half_precision_backward, half_precision
 
 
 def positional_encoding(T, D, dtype=numpy.float64, xp=numpy):
@@ -23,6 +24,7 @@ class PosencCache(NamedTuple):
     pass  # the encoding is an addition of a constant: backward needs nothing
 
 
+@half_precision
 def posenc_forward(x, params):
     """x + PE[:T].  x: (B, T, D) -> (B, T, D)."""
     check_float("x", x, ndim=3)
@@ -32,6 +34,7 @@ def posenc_forward(x, params):
     return out, PosencCache()
 
 
+@half_precision_backward
 def posenc_backward(dout, cache):
     """The gradient passes through unchanged."""
     return dout, {}
