@@ -22,6 +22,8 @@ from checks.registry import BY_NAME, DEFAULT_SIZES, ROWS, run_row
 from checks.report import format_table, reports_to_json
 from kernels.precision import FORMATS
 
+DEFAULT_FORMATS = ("float64", "float32")  # the formats checked when none is given
+
 COMMANDS = ("calibrate", "sensitivity", "zoo", "steps")
 
 
@@ -96,7 +98,7 @@ def table(args) -> int:
     rows = args.layer or ROWS
     if args.sizes:
         _check_sizes(args.sizes, rows)
-    dtypes = [args.dtype] if args.dtype else ["float64", "float32"]
+    dtypes = args.dtype or list(DEFAULT_FORMATS)
     if args.fd == "complex" and any(not row.analytic for row in rows):
         if args.layer:
             bad = ", ".join(row.name for row in rows if not row.analytic)
@@ -138,10 +140,22 @@ def _on_cluster(args, run, *a, **kw):
         raise UsageError(str(exc)) from None
 
 
+def _doc_section(name, dtypes):
+    """(file, section) a run writes with --write-docs: float64 and float32 in
+    docs/tolerances.md, float16 and bfloat16 in docs/half-precision.md, any other set of formats
+    in a section of its own (whose markers must exist)."""
+    from checks.docs import DOCS
+    if list(dtypes) == list(DEFAULT_FORMATS):
+        return DOCS / "tolerances.md", name
+    if list(dtypes) == ["float16", "bfloat16"]:
+        return DOCS / "half-precision.md", name
+    return DOCS / "tolerances.md", "-".join([name, *dtypes])
+
+
 def calibrate(args) -> int:
     from checks.calibrate import ALL_CASES, calibrate as run, format_cases, format_margins, summary
     rows = args.layer or ROWS
-    dtypes = [args.dtype] if args.dtype else ["float64", "float32"]
+    dtypes = args.dtype or list(DEFAULT_FORMATS)
     margins = _on_cluster(args, run, rows, dtypes, args.seeds, fd=args.fd,
                           shape_seed=args.shape_seed, cases=ALL_CASES,
                           large_seeds=args.large_seeds)
@@ -153,30 +167,32 @@ def calibrate(args) -> int:
         print(f"\nfalse alarm in {m.layer} {m.dtype} ({m.case}): {m.first_alarm}")
     print("\n" + summary(margins))
     if args.write_docs:
-        from checks.docs import DOCS, write_section
+        from checks.docs import write_section
         command = "python -m checks " + args.command_line
-        write_section(DOCS / "tolerances.md", "calibration", "\n".join([
+        path, name = _doc_section("calibration", dtypes)
+        write_section(path, name, "\n".join([
             "```", f"$ {command}", format_margins(
                 [m for m in margins if m.case == "random shapes"]), "",
             format_cases(margins), "", summary(margins), "```"]))
-        print(f"wrote the tables into {DOCS / 'tolerances.md'}")
+        print(f"wrote the tables into {path}")
     return 1 if alarms else 0
 
 
 def sensitivity(args) -> int:
     from checks.sensitivity import format_sensitivity, sensitivity as run, summary
     rows = args.layer or ROWS
-    dtypes = [args.dtype] if args.dtype else ["float64", "float32"]
+    dtypes = args.dtype or list(DEFAULT_FORMATS)
     results = _on_cluster(args, run, rows, dtypes, large=args.large, seed=args.seed)
     print(format_sensitivity(results))
     print("\n" + summary(results))
     if args.write_docs:
-        from checks.docs import DOCS, write_section
+        from checks.docs import write_section
         command = "python -m checks " + args.command_line
-        write_section(DOCS / "tolerances.md", "sensitivity", "\n".join([
+        path, name = _doc_section("sensitivity", dtypes)
+        write_section(path, name, "\n".join([
             "```", f"$ {command}", format_sensitivity(results), "", summary(results),
             "```"]))
-        print(f"wrote the table into {DOCS / 'tolerances.md'}")
+        print(f"wrote the table into {path}")
     return 0 if all(s.met is not False for s in results) else 1
 
 
@@ -205,8 +221,8 @@ def parser_for(command):
         p.add_argument("--seeds", type=_positive, default=200, help="seeds per layer x dtype")
         _cluster_options(p)
         p.add_argument("--layer", action="append", type=_layer, help="only this layer")
-        p.add_argument("--dtype", choices=FORMATS,
-                       help="one format only (default: float64 and float32)")
+        p.add_argument("--dtype", choices=FORMATS, action="append",
+                       help="a format to check (repeatable; default: float64 and float32)")
         p.add_argument("--fd", choices=FD_SCHEMES, default="central", help="FD scheme")
         p.add_argument("--shape-seed", type=int, default=0,
                        help="seed of the random shapes (8 drawn per run, the default one included)")
@@ -221,8 +237,8 @@ def parser_for(command):
                                "tensor, one slice, one element): the smallest caught per layer, "
                                "dtype and pattern, against the goals")
         p.add_argument("--layer", action="append", type=_layer, help="only this layer")
-        p.add_argument("--dtype", choices=FORMATS,
-                       help="one format only (default: float64 and float32)")
+        p.add_argument("--dtype", choices=FORMATS, action="append",
+                       help="a format to check (repeatable; default: float64 and float32)")
         p.add_argument("--large", action="store_true",
                        help="also at the bench's large size (B 32, T 64, D 256, H 8, F 1024)")
         p.add_argument("--seed", type=int, default=0, help="seed of inputs and directions")
@@ -244,8 +260,8 @@ def parser_for(command):
     p = Parser(prog="python -m checks", description="Hand gradients against JAX autodiff and "
                "finite differences, layer by layer.  Subcommands: " + ", ".join(COMMANDS))
     p.add_argument("--json", action="store_true", help="print the table as JSON")
-    p.add_argument("--dtype", choices=FORMATS,
-                       help="one format only (default: float64 and float32)")
+    p.add_argument("--dtype", choices=FORMATS, action="append",
+                       help="a format to check (repeatable; default: float64 and float32)")
     p.add_argument("--layer", action="append", type=_layer,
                    help="check only this layer (repeatable)")
     p.add_argument("--seed", type=int, default=0, help="seed of inputs and directions")

@@ -262,8 +262,11 @@ class LayerCheck:
             scale = float(np.max(np.abs(reference))) if reference.size else 0.0
             return np.full(np.shape(reference), FALLBACK_SAFETY * math.sqrt(k) * self.u * scale
                            + float(tolerances.finfo(self.dtype).tiny))
-        s = spread.at(u_forward or self.u_forward, self.u_backward,
-                      self.u_inputs if u_inputs is None else u_inputs)
+        u_forward = u_forward or self.u_forward
+        # a composition's layers return, and its steps between layers run, in the checked
+        # format (or the lower precision its forward was recognised in)
+        s = spread.at(u_forward, self.u_backward, self.u_inputs if u_inputs is None else u_inputs,
+                      format=max(self.u, u_forward[0]))
         return self.policy.elementwise(s, reference, self.dtype)
 
     def legs(self):

@@ -197,12 +197,7 @@ ROWS = [
     # element-wise finite differences of all 42 tensors would run the whole model 2000 times
     # per check; every layer gets them in its own row, the model its random directions
     Row("model", whole_model.model_forward, whole_model.model_backward, reference.model,
-        _model_case, input_names=("src", "tgt"),
-        # in half precision every kernel's output is rounded to the format, and the residual
-        # sums run in it (kernels.precision): results at the format's roundoff, sums in float32
-        tolerance={"FD_ELEMENTWISE_MAX": 0,
-                   "compute": (("float16", ("float16", "float32")),
-                               ("bfloat16", ("bfloat16", "float32")))}),
+        _model_case, input_names=("src", "tgt"), tolerance={"FD_ELEMENTWISE_MAX": 0}),
 ]
 
 BY_NAME = {row.name: row for row in ROWS}

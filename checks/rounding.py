@@ -24,9 +24,15 @@ with xi ~ N(0, 1) independent for every operation and element (Monte Carlo arith
 The root-mean-square deviation of the perturbed results from the exact one, element by element, is
 the rounding error that a correct implementation of the same maths shows at that element.
 
+A composition of layers (the whole model) marks each layer as a call named ``layer:NAME``
+(``reference.layers.BOUNDARY``).  There the model follows what a half-precision composition does
+(``kernels.precision``): inside a layer the operations round at the compute format (float32), the
+layer's outputs are rounded to the checked format, and so is every operation between layers (the
+residual sums): the sixth part, ``format``.  A program without layer calls is one kernel.
+
 Errors are linear in u to first order, so the program runs once at a simulation roundoff U_SIM
 (far above float64's own rounding, small enough to stay linear) and the spread is scaled to any
-format.  Perturbations are drawn separately for five parts of the program — the forward's results
+format.  Perturbations are drawn separately for the parts of the program — the forward's results
 and its sums (operations that do not depend on the upstream gradient), the backward's results and
 its sums, and the inputs — so a kernel that rounds its results to float16 but accumulates in
 float32, or whose forward runs in a lower precision than its backward, is modelled part by part
@@ -46,9 +52,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax.extend import core as jcore
 
+from reference.layers import BOUNDARY
+
 U_SIM = 2.0 ** -30   # the simulation's roundoff; spreads are scaled by u / U_SIM
 SAMPLES = 16         # perturbed runs per part of the program (checks.tolerances: LAMBDA)
-PARTS = ("forward", "forward_sums", "backward", "backward_sums", "inputs")
+PARTS = ("forward", "forward_sums", "backward", "backward_sums", "inputs", "format")
 
 EXACT = {"neg", "abs", "sign", "max", "min", "select_n", "reshape", "transpose",
          "broadcast_in_dim", "squeeze", "expand_dims", "slice", "dynamic_slice",
@@ -74,16 +82,20 @@ class Spread(NamedTuple):
     backward: np.ndarray
     backward_sums: np.ndarray
     inputs: np.ndarray
+    format: np.ndarray
 
-    def at(self, forward, backward=None, inputs=0.0):
+    def at(self, forward, backward=None, inputs=0.0, format=None):
         """The rounding-error scale of every element, each part at its own roundoff.
 
         ``forward`` and ``backward`` are u or a pair (u of results, u of sums); ``inputs`` is the
-        relative rounding of the inputs (0: the kernel receives them exactly)."""
+        relative rounding of the inputs (0: the kernel receives them exactly); ``format`` the
+        roundoff of what the layers of a composition return and of the operations between them
+        (default: the forward's results)."""
         backward = forward if backward is None else backward
         (fe, fs), (be, bs) = _pair(forward), _pair(backward)
+        format = fe if format is None else format
         terms = ((fe, self.forward), (fs, self.forward_sums), (be, self.backward),
-                 (bs, self.backward_sums), (inputs, self.inputs))
+                 (bs, self.backward_sums), (inputs, self.inputs), (format, self.format))
         return np.sqrt(sum((u / U_SIM * s) ** 2 for u, s in terms))
 
 
@@ -109,11 +121,13 @@ class RoundingModel:
         self.backward_in = [start <= i < start + counts[dout_index] for i in range(len(flat))]
         self.samples = samples
         self.record = []  # (shape, part) of every perturbation, in program order
+        self.layered = _has_layers(self.closed.jaxpr)
         jax.eval_shape(lambda f: self._eval(f, _Noise("record", self.record)), flat)
         self._run = jax.jit(self._spreads, compiler_options=FAST_COMPILE)
 
     def _eval(self, flat, noise):
-        return _eval(self.closed.jaxpr, self.closed.consts, flat, self.backward_in, noise)
+        return _eval(self.closed.jaxpr, self.closed.consts, flat, self.backward_in, noise,
+                     where="between" if self.layered else "inside")
 
     def _spreads(self, flat, noises, part):
         """Root-mean-square deviation of every output under the noise of one part only."""
@@ -132,8 +146,13 @@ class RoundingModel:
         # each part's noise for its own samples only; float32 draws: the noise needs no precision
         noises = [rng.standard_normal((self.samples,) + shape, np.float32)  # (N, ...) each
                   for shape, _ in self.record]
-        # one compiled program, run once per part: memory holds one part's N runs
-        per_part = [self._run(flat, noises, part) for part in range(len(PARTS))]
+        # one compiled program, run once per part: memory holds one part's N runs (a part with
+        # no perturbation, such as the format of a single layer, spreads nothing)
+        used = {p for _, p in self.record}
+        zeros = [np.zeros(shape) for shape in
+                 (s.shape for s in jax.tree_util.tree_leaves(self.shapes))]
+        per_part = [self._run(flat, noises, part) if part in used else zeros
+                    for part in range(len(PARTS))]
         spreads = [Spread(*(np.asarray(rms, np.float64) for rms in leaf))
                    for leaf in zip(*per_part)]
         return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(self.shapes), spreads)
@@ -164,7 +183,34 @@ def _is_float(x):
     return jnp.issubdtype(jnp.result_type(x), jnp.floating)
 
 
-def _eval(jaxpr, consts, args, backward_flags, noise, top=True):
+def _has_layers(jaxpr):
+    """Does the program mark layers (calls named ``layer:NAME``), at any depth?"""
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name in CALLS:
+            if str(eqn.params.get("name", "")).startswith(BOUNDARY):
+                return True
+            sub = eqn.params.get("jaxpr") or eqn.params.get("call_jaxpr")
+            if sub is not None and _has_layers(sub.jaxpr if hasattr(sub, "consts") else sub):
+                return True
+    return False
+
+
+def _read_by_forward(jaxpr, backward_flags):
+    """The variables some forward equation (one not depending on dout) reads."""
+    flag, read = dict(zip(jaxpr.invars, backward_flags)), set()
+    for eqn in jaxpr.eqns:
+        ins = [v for v in eqn.invars if not isinstance(v, jcore.Literal)]
+        backward = any(flag.get(v, False) for v in ins)
+        if not backward:
+            read.update(ins)
+        flag.update((v, backward) for v in eqn.outvars)
+    return read
+
+
+def _eval(jaxpr, consts, args, backward_flags, noise, top=True, where="inside", out_read=None):
+    """Evaluate a jaxpr with every rounding perturbed.  where: "inside" a kernel (parts
+    forward/backward and their sums) or "between" the layers of a composition (part format);
+    out_read: per output, whether the caller's forward reads it (not only its backward)."""
     env, flag = {}, {}
     last_use = {}
     for i, eqn in enumerate(jaxpr.eqns):
@@ -172,6 +218,9 @@ def _eval(jaxpr, consts, args, backward_flags, noise, top=True):
             if not isinstance(v, jcore.Literal):
                 last_use[v] = i
     keep = {v for v in jaxpr.outvars if not isinstance(v, jcore.Literal)}
+    out_read = [True] * len(jaxpr.outvars) if out_read is None else out_read
+    forward_read = _read_by_forward(jaxpr, backward_flags) | {
+        v for v, r in zip(jaxpr.outvars, out_read) if r and not isinstance(v, jcore.Literal)}
 
     def read(v):
         return v.val if isinstance(v, jcore.Literal) else env[v]
@@ -192,13 +241,21 @@ def _eval(jaxpr, consts, args, backward_flags, noise, top=True):
             sub = eqn.params.get("jaxpr") or eqn.params.get("call_jaxpr")
             inner = sub.jaxpr if hasattr(sub, "consts") else sub
             flags = [False if isinstance(v, jcore.Literal) else flag[v] for v in eqn.invars]
-            outs = _eval(inner, getattr(sub, "consts", []), ins, flags, noise, top=False)
+            layer = str(eqn.params.get("name", "")).startswith(BOUNDARY)
+            outs = _eval(inner, getattr(sub, "consts", []), ins, flags, noise, top=False,
+                         where="inside" if layer else where,
+                         out_read=[backward or v in forward_read for v in eqn.outvars])
+            if layer:  # what the layer returns is rounded to the checked format; what it
+                # keeps for its backward (JAX's residuals) stays in its cache, unrounded
+                outs = [o + noise(jnp.shape(o), "format", lambda o=o: jnp.abs(o))
+                        if _is_float(o) and (backward or v in forward_read) else o
+                        for o, v in zip(outs, eqn.outvars)]
         elif name in ("while", "cond", "scan"):
             raise Unsupported(f"control flow ('{name}') in the oracle")
         else:
             out = eqn.primitive.bind(*ins, **eqn.params)
             outs = out if eqn.primitive.multiple_results else [out]
-            part = "backward" if backward else "forward"
+            part = ("backward" if backward else "forward") if where == "inside" else "format"
             outs = [_round(name, eqn, ins, o, noise, part) for o in outs]
         for var, value in zip(eqn.outvars, outs):
             env[var], flag[var] = value, backward
@@ -216,7 +273,8 @@ def _round(name, eqn, ins, out, noise, part):
     out = out + noise(jnp.shape(out), part, lambda: jnp.abs(exact))
     if name not in SUMS:
         return out
-    return out + noise(jnp.shape(out), part + "_sums", lambda: _sum_amplitude(name, eqn, ins))
+    sums = part if part == "format" else part + "_sums"
+    return out + noise(jnp.shape(out), sums, lambda: _sum_amplitude(name, eqn, ins))
 
 
 def _sum_amplitude(name, eqn, ins):

@@ -30,6 +30,12 @@ Notation: u is the unit roundoff of a format (2^-53 float64, 2^-24 float32, 2^-1
    large tensor is judged at its own scale (no bug hides below the largest element's tolerance),
    and a long reduction adds sqrt(1 + log2 k) to its own elements only.
 
+   Half precision (float16, bfloat16; ``docs/half-precision.md``): the lab's kernels compute
+   in float32 and round once what they return (``kernels.precision``), so the operations inside
+   run at float32's u (``Policy.compute``) and the ULPS term, at the format's u, is the final
+   rounding; a composition's layer outputs and the steps between its layers round at the
+   format's u (the rounding model's ``format`` part).
+
 2. The forward against the oracle: the same rule on the output elements.  A float64 forward whose
    errors exceed float64's spread but lie within float32's is recognised as computing in lower
    precision: a finding, judged at float32's roundoff for the forward part and the inputs only
@@ -89,8 +95,8 @@ class Policy:
     LOW_PRECISION: str = "float32"  # the lower precision a float64 forward is recognised in
     # per half-precision format, the formats of a kernel's (results, sums) inside: the lab's
     # kernels compute in float32 and round once what they return (kernels.precision), a
-    # rounding the ULPS term covers; a composition that rounds between kernels (the model)
-    # sets its results to the format itself
+    # rounding the ULPS term covers; in a composition the rounding model's format part covers
+    # the roundings between layers (checks.rounding)
     compute: tuple = (("float16", ("float32", "float32")), ("bfloat16", ("float32", "float32")))
 
     def override(self, changes=None, dtype=None) -> "Policy":

@@ -100,6 +100,7 @@ def half_precision(forward):
         inputs = [upcast(a, fmt) for a in args[:-1]]
         out, cache = forward(*inputs, {k: upcast(v, fmt) for k, v in params.items()}, **static)
         return round_to(out, fmt), cache
+    wrapped.half_precision = True  # the discovery test reads it
     return wrapped
 
 
@@ -112,4 +113,5 @@ def half_precision_backward(backward):
         if fmt is None:
             return backward(dout, cache, **options)
         return round_to(backward(upcast(dout, fmt), cache, **options), fmt)
+    wrapped.half_precision = True
     return wrapped

@@ -3,6 +3,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+# A composition marks each of its layers as one call named BOUNDARY + the layer's name: the unit a
+# hand implementation computes in one kernel call, whose results it rounds to its format
+# (the rounding model, checks.rounding, reads the mark; reference.transformer sets it).
+BOUNDARY = "layer:"
+
+
+def as_layer(name, fn, *args):
+    """fn(*args) as one call of the program named ``layer:name`` (same values, same gradients)."""
+    call = lambda *a: fn(*a)  # noqa: E731  (a fresh function to carry the name)
+    call.__name__ = call.__qualname__ = BOUNDARY + name
+    return jax.jit(call)(*args)
+
 
 def embedding(ids, params):
     return jnp.asarray(params["E"])[jnp.asarray(ids)]

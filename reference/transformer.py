@@ -3,14 +3,18 @@
 Written from the maths of the article (docs/article.md) with this package's layers, never with the kernels: same
 parameter names (``enc0.attn.WQ`` ... ``out.b``), the same fixed embedding table passed as
 ``embedding=``, Start = V - 2 and Finish = V - 1.  Gradients come from ``jax.grad``.
+
+Each layer is one call named ``layer:NAME`` (``reference.layers.as_layer``): the rounding model
+perturbs what a layer returns at the checked format and its inside at the compute format, as a
+half-precision composition rounds (its residual sums, between the layers, also at the format).
 """
 import functools
 
 import jax
 import jax.numpy as jnp
 
-from reference.layers import cross_entropy, dropout as dropout_layer, embedding as embed, ff, \
-    linear, mha, mhca, posenc, rms_norm
+from reference import layers
+from reference.layers import as_layer
 
 
 def _layer(params, prefix):
@@ -23,30 +27,36 @@ def _blocks(params):
 
 def _stream(ids, params, embedding):
     table = jnp.asarray(embedding, dtype=params["out.W"].dtype)
-    return posenc(embed(ids, {"E": table}), {})
+    x = as_layer("embedding", lambda i, t: layers.embedding(i, {"E": t}), ids, table)
+    return as_layer("posenc", lambda x: layers.posenc(x, {}), x)
+
+
+def _norm(x):
+    return as_layer("rms_norm", lambda x: layers.rms_norm(x, {}), x)
 
 
 def attention_sublayer(x, params, *, causal=False):
     """The stage x + MHA(norm(x)) (enc*.attn, dec*.self)."""
-    return x + mha(rms_norm(x, {}), params, causal=causal)
+    return x + as_layer("mha", lambda n, p: layers.mha(n, p, causal=causal), _norm(x), params)
 
 
 def cross_sublayer(x, z, params):
     """The stage x + MHCA(norm(x), Z) (dec*.cross)."""
-    return x + mhca(rms_norm(x, {}), z, params)
+    return x + as_layer("mhca", lambda n, z, p: layers.mhca(n, z, p), _norm(x), z, params)
 
 
 def ff_sublayer(x, params):
     """The stage x + FF(norm(x)) (enc*.ff, dec*.ff)."""
-    return x + ff(rms_norm(x, {}), params)
+    return x + as_layer("ff", layers.ff, _norm(x), params)
 
 
 def head(y, params, *, dropout=0.0, dropout_mask=None):
     """The stage ``out``: logits = Out(dropout(norm(y)))."""
-    n = rms_norm(y, {})
+    n = _norm(y)
     if dropout:
-        n = dropout_layer(n, {}, rate=dropout, mask=dropout_mask)
-    return linear(n, params)
+        n = as_layer("dropout", lambda n, m: layers.dropout(n, {}, rate=dropout, mask=m), n,
+                     dropout_mask)
+    return as_layer("linear", layers.linear, n, params)
 
 
 def probe(probes, name, value):
@@ -94,4 +104,5 @@ def _model(src, tgt, params, embedding, dropout, dropout_mask, probes):
     z = encoder(jnp.asarray(src), params, embedding=embedding, probes=probes)
     logits = decoder(y_in, z, params, embedding=embedding, dropout=dropout,
                      dropout_mask=dropout_mask, probes=probes)
-    return probe(probes, "loss", cross_entropy(logits, y_out, {}))
+    loss = as_layer("cross_entropy", lambda l, t: layers.cross_entropy(l, t, {}), logits, y_out)
+    return probe(probes, "loss", loss)

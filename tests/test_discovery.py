@@ -41,3 +41,16 @@ def test_reference_does_not_import_kernels():
     for path in pathlib.Path(reference.__file__).parent.glob("*.py"):
         text = path.read_text()
         assert "import kernels" not in text and "from kernels" not in text, path
+
+
+def test_every_layer_follows_the_half_precision_policy():
+    """Each layer's pair is wrapped by kernels.precision (float32 inside, results rounded once);
+    a composition of layers (the model) inherits it from them."""
+    missing = []
+    for module, name, fn in kernel_forwards():
+        if module.__name__ == "kernels.model":
+            continue
+        backward = getattr(module, name[: -len("_forward")] + "_backward", None)
+        missing += [f"{module.__name__}.{f.__name__}" for f in (fn, backward)
+                    if f is not None and not getattr(f, "half_precision", False)]
+    assert not missing, "not wrapped by kernels.precision: " + ", ".join(missing)

@@ -2,14 +2,14 @@
 against autodiff and finite differences, all with a random upstream gradient; then the same
 check's sensitivity: relative errors injected into the correct gradients must be caught at the
 goals of ``checks.sensitivity`` (float64 1e-8 for a whole tensor, a slice or an element;
-float32 1e-4 for a whole tensor or a slice)."""
+float32 1e-4 for a whole tensor or a slice; float16 1e-2 and bfloat16 5e-2 per layer)."""
 import numpy as np
 import pytest
 
 from checks.registry import ROWS, layer_check
 from checks.sensitivity import measure
 
-DTYPES = [np.float64, np.float32]
+DTYPES = [np.float64, np.float32, np.float16, np.dtype("bfloat16")]
 
 
 # the whole model compiles its oracle and rounding model in seconds: the slow tier (make test-all)
@@ -21,6 +21,8 @@ ROW_PARAMS = [pytest.param(row, id=row.name,
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("row", ROW_PARAMS)
 def test_layer_gradients(row, dtype, xp):
+    if xp is not np and np.dtype(dtype).name == "bfloat16":
+        pytest.skip("CuPy has no bfloat16")
     check = layer_check(row, dtype, seed=1, xp=xp)
     report = check.run()
     assert report.ok, "\n" + str(report)

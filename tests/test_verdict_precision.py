@@ -95,3 +95,42 @@ def test_float32_inside_with_a_float64_term_at_the_end_is_recognised_not_failed(
     report = _check(forward, kernels.linear_backward, x, params)
     assert report.ok, str(report)
     assert Finding.LOW_PRECISION_FORWARD in {n.finding for n in report.notes}
+
+
+# --- half precision ------------------------------------------------------------------------
+
+def _accumulating_in(fmt):
+    """kernels.linear_backward for half-precision inputs, but with dW summed over the M rows in
+    the half format itself (recursive summation: every partial sum rounded to fmt), the way a
+    kernel without a float32 accumulator computes it; dx and db as the lab's kernel."""
+    def backward(dy, cache):
+        dx, grads = kernels.linear_backward(dy, cache)
+        x2 = cache.x.astype(np.float32).reshape(-1, cache.W.shape[0])      # (M, N_in)
+        dy2 = dy.astype(np.float32).reshape(-1, cache.W.shape[1])          # (M, N_out)
+        terms = (x2[:, :, None] * dy2[:, None, :]).astype(fmt)             # (M, N_in, N_out)
+        return dx, {**grads, "W": np.cumsum(terms, axis=0, dtype=fmt)[-1]}
+    return backward
+
+
+@pytest.mark.parametrize("fmt", ["float16", "bfloat16"])
+def test_a_half_precision_kernel_is_judged_by_its_accumulation_policy(fmt):
+    """x (4, 256, 16), W (16, 8) in fmt: dW sums M = 1024 products.  The lab's kernel (float32
+    accumulation, one rounding) passes at about 0.2 of its tolerance; the same maths summed in
+    fmt itself carries an error of order sqrt(M) u to M u of the terms (a sum in float16 also
+    stalls once a partial sum's spacing exceeds the terms) and fails as "hand is wrong"."""
+    x, params = _linear_case(np.dtype(fmt), (4, 256, 16), 8)
+    good = _check(kernels.linear_forward, kernels.linear_backward, x, params)
+    assert good.ok, str(good)
+    assert max(t.score for t in good.tensors) < 0.5
+    bad = _check(kernels.linear_forward, _accumulating_in(np.dtype(fmt)), x, params)
+    assert bad.failing == ["W"], str(bad)
+    assert next(t for t in bad.tensors if t.name == "W").verdict.kind is Kind.HAND_WRONG
+
+
+@pytest.mark.parametrize("fmt,factor", [("float16", 1.02), ("bfloat16", 1.1)])
+def test_a_small_error_in_a_half_precision_gradient_fails(fmt, factor):
+    """db 2 % too large in float16 (40 u) and 10 % in bfloat16 (26 u): above the one rounding
+    the tolerance allows (4 u), so both fail, and the diagnosis names the scale."""
+    x, params = _linear_case(np.dtype(fmt), (2, 8, 16), 8)
+    bad = _check(kernels.linear_forward, _scaled("b", factor), x, params)
+    assert bad.failing == ["b"], str(bad)
