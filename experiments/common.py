@@ -121,6 +121,13 @@ def in_interval(quantity, measured, se, lo, hi, source, *, df=None, k=K_SIGMA) -
                     rule, bool(ok))
 
 
+def exact(quantity, measured, predicted, source) -> Headline:
+    """An exact prediction (a format's threshold, a count that must be 0): measured == predicted,
+    no standard error and no tolerance."""
+    return Headline(quantity, float(measured), 0.0, float(predicted), 0.0, source,
+                    "exact: measured = predicted", bool(measured == predicted))
+
+
 def bound(quantity, measured, limit, source, rule) -> Headline:
     """A theorem's one-sided bound: measured <= limit (the rule names what is maximised)."""
     return Headline(quantity, float(measured), float("nan"), f"≤ {limit:.4g}", 0.0, source,

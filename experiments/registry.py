@@ -25,6 +25,7 @@ ENTRIES = (
     Entry("rank_collapse", "experiments.rank_collapse"),
     Entry("init_scale", "experiments.init_scale"),
     Entry("precision", "experiments.precision"),
+    Entry("half_precision", "experiments.half_precision"),
     Entry("train", "experiments.train"),
     Entry("generate", "experiments.generate"),      # after train: it reads train's checkpoint
     Entry("schedule", "experiments.schedule"),  # the article's protocol over seeds
