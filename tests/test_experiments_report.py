@@ -47,7 +47,7 @@ def fake_parts(name, fails):
 
 def test_all_keeps_going_past_a_failure_and_writes_the_page(tmp_path, capsys, monkeypatch):
     found = entries(monkeypatch, ("alpha", False), ("broken", True), ("omega", False))
-    assert report.run_all(found, []) == 1
+    assert report.run_all(found) == 1
     path = tmp_path / "report.html"
     page = path.read_text()
     summary = page.split("<h2>Summary")[1].split("<h2 id=")[0]
@@ -63,11 +63,6 @@ def test_all_keeps_going_past_a_failure_and_writes_the_page(tmp_path, capsys, mo
     assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~mask                  # not 0600
     out = capsys.readouterr().out
     assert "[all 1/3] alpha" in out and "broken FAILED" in out and "0/1 reproduced, 1 shown" in out
-
-
-def test_all_takes_no_options():
-    with pytest.raises(ValueError, match="all: expected no options"):
-        report.run_all([], ["--trials", "3"])
 
 
 def test_the_registry_names_every_run_once_and_all_runs_the_studies():
