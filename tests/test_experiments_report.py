@@ -82,6 +82,9 @@ def test_every_option_has_help_a_default_and_its_choices(entry):
         assert docs.get(field.name), f"{entry.name}.{field.name} has no documentation"
     text = parser.format_help()
     assert text.count("(default:") == len(dataclasses.fields(module.Config))
+    for field in dataclasses.fields(module.Config):   # enumerations offer their choices
+        if field.name.split("_")[-1] in ("task", "schedule", "dtype", "backend"):
+            assert cli.choices_of(module.Config, field.name, field.type), f"{entry.name}.{field.name}"
 
 
 def test_enumerations_offer_choices_and_switches_read_as_flags(capsys):
