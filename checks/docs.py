@@ -35,8 +35,14 @@ def write_section(path, name, body: str) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
     with os.fdopen(fd, "w") as f:
         f.write(text)
-    os.chmod(tmp, 0o644)
+    os.chmod(tmp, mode_of(path))
     os.replace(tmp, path)
+
+
+def mode_of(path) -> int:
+    """The permission bits the rewritten file keeps: the file's own (the rewrite changes its text,
+    not who may read it); mkstemp's 0600 would otherwise replace them."""
+    return path.stat().st_mode & 0o7777
 
 
 def _pattern(name):

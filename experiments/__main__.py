@@ -1,4 +1,4 @@
-"""python -m experiments NAME [--option value ...] | all | list
+"""python -m experiments NAME [--option value ...] | all [--jobs N] | list
 
 Every run of experiments.registry is a command; the fields of its Config are its options, with
 the field's documentation as help, the enumerations' choices, --x / --no-x for switches and the
@@ -127,6 +127,28 @@ def config_parser(name, config_cls, description="") -> Parser:
     return parser
 
 
+def positive_int(text) -> int:
+    """An integer >= 1 (argparse names the type in its message: 'invalid positive_int value')."""
+    value = int(text)
+    if value < 1:
+        raise ValueError(text)
+    return value
+
+
+def all_parser() -> Parser:
+    """The options of `all`: every study runs at its defaults, so only how many at once."""
+    from experiments import runner
+    parser = Parser(prog="python -m experiments all",
+                    description="Run every study marked for all at its defaults and write "
+                                "results/report.html.")
+    jobs = runner.default_jobs()
+    parser.add_argument("--jobs", type=positive_int, default=jobs, metavar="N",
+                        help="studies run at once, each in a process of its own with one BLAS "
+                             "thread; 1 runs them one after another in this process "
+                             f"(default: {jobs}, the cores this machine gives the run)")
+    return parser
+
+
 def run_study(entry, argv):
     module = registry.load(entry)
     description = (module.__doc__ or "").strip().splitlines()[0]
@@ -151,7 +173,7 @@ def main(argv=None) -> int:
     try:
         if name == "all":
             from experiments import report
-            return report.run_all(registry.in_all(), rest)
+            return report.run_all(registry.in_all(), jobs=all_parser().parse_args(rest).jobs)
         run_study(registry.get(name), rest)
         return 0
     except (ValueError, TypeError, FileNotFoundError) as exc:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import ClassVar
 
 import numpy as np
 
@@ -38,6 +39,7 @@ NAME = "entropy_collapse"
 
 @dataclasses.dataclass(frozen=True)
 class Config:
+    CHOICES: ClassVar[dict] = {"train_dtype": ("float32", "float64")}
     width: int = 64                # head width d
     keys: int = 64                 # n tokens, so n keys per query
     draws: int = 16                # independent weight draws per logit scale

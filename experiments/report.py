@@ -1,5 +1,6 @@
-"""python -m experiments all: run every study of the registry marked for ``all`` at its defaults
-and write results/report.html.
+"""python -m experiments all [--jobs N]: run every study of the registry marked for ``all`` at its
+defaults, on N processes at once (experiments.runner; --jobs 1: one after another in this
+process), and write results/report.html.
 
 A study that fails is reported (its traceback's last lines on the page, a line on stderr) and the
 others still run; the exit status is then 1.  The page is self-contained: at the top, one sentence
@@ -14,9 +15,8 @@ import html
 import pathlib
 import sys
 import time
-import traceback
 
-from experiments import common, registry
+from experiments import common, runner
 
 STYLE = """body{font-family:system-ui,sans-serif;max-width:1150px;margin:2em auto;padding:0 1em;color:#222}
 h1{font-size:1.6em}h2{border-bottom:1px solid #ccc;padding-bottom:.2em;margin-top:2em}
@@ -27,52 +27,47 @@ pre{background:#f7f7f7;padding:.6em;overflow-x:auto;font-size:.8em}ul.summary li
 VERDICT = {True: ("yes", "reproduced"), False: ("no", "not reproduced"), None: ("shown", "shown")}
 
 
-class Outcome:
-    """What one study's run left behind: its result or its error, and its run time."""
-
-    def __init__(self, entry, module=None, result=None, error=None, seconds=0.0):
-        self.entry, self.module, self.result, self.error, self.seconds = entry, module, result, error, seconds
-
-    @property
-    def name(self):
-        return self.entry.name
-
-    @property
-    def headlines(self):
-        return list(self.result.headlines) if self.result is not None else []
-
-
-def run_one(entry) -> Outcome:
-    start = time.perf_counter()
-    module = None
-    try:
-        module = registry.load(entry)
-        result = module.run(module.Config())
-    except Exception:  # noqa: BLE001 - any study failure is reported, the others still run
-        lines = traceback.format_exc().strip().splitlines()
-        return Outcome(entry, module, error="\n".join(lines[-12:]), seconds=time.perf_counter() - start)
-    return Outcome(entry, module, result=result, seconds=time.perf_counter() - start)
-
-
-def run_all(entries, argv) -> int:
-    if argv:
-        raise ValueError(f"all: expected no options (each study runs at its defaults), got {' '.join(argv)}")
+def run_all(entries, *, jobs=1, configs=None) -> int:
+    """Run the studies (on `jobs` processes), print a line as each finishes and write the page,
+    in the registry's order; exit status 1 when any study failed.  configs: {name: Config} for
+    studies not to run at their defaults (the tests' tiny runs)."""
     outcomes, start = [], time.perf_counter()
+    jobs = min(jobs, max(len(entries), 1))
+    if jobs > 1:
+        print(f"[all] {len(entries)} studies on {jobs} processes, longest first", flush=True)
+
+    def on_start(entry):  # serial runs only: the study's own progress follows this line
+        print(f"[all {len(outcomes) + 1}/{len(entries)}] {entry.name} ...", flush=True)
+
+    def on_done(outcome):
+        outcomes.append(outcome)
+        print_outcome(outcome, len(outcomes), len(entries))
+
     try:
-        for i, entry in enumerate(entries, 1):
-            print(f"[all {i}/{len(entries)}] {entry.name} ...", flush=True)
-            outcome = run_one(entry)
-            outcomes.append(outcome)
-            print(f"[all {i}/{len(entries)}] {status_line(outcome)}", flush=True)
-            if outcome.result is not None and outcome.result.summary:
-                print("\n".join(f"    {line}" for line in outcome.result.summary.splitlines()), flush=True)
-            if outcome.error:
-                print(f"[all] {entry.name} failed:\n{outcome.error}", file=sys.stderr, flush=True)
+        runner.run(entries, jobs=jobs, configs=configs, on_start=on_start, on_done=on_done)
     finally:  # an interrupted run still leaves a page for what finished
+        outcomes = in_order(outcomes, entries)
         path = write_report(outcomes, time.perf_counter() - start)
+        failed = sum(o.error is not None for o in outcomes)
         print(f"[all] {len(outcomes)} studies in {time.perf_counter() - start:.1f} s, "
-              f"{sum(o.error is not None for o in outcomes)} failed; report: {path}", flush=True)
-    return 1 if any(o.error for o in outcomes) else 0
+              f"{failed} failed; report: {path}", flush=True)
+    return 1 if failed else 0
+
+
+def in_order(outcomes, entries) -> list:
+    """The outcomes in the order of entries (the registry's), whatever order they finished in."""
+    rank = {e.name: i for i, e in enumerate(entries)}
+    return sorted(outcomes, key=lambda o: rank[o.name])
+
+
+def print_outcome(outcome, i, n) -> None:
+    """The study's line (name, time, headlines reproduced), its summary indented below it, and
+    its error on stderr."""
+    print(f"[all {i}/{n}] {status_line(outcome)}", flush=True)
+    if outcome.result is not None and outcome.result.summary:
+        print("\n".join(f"    {line}" for line in outcome.result.summary.splitlines()), flush=True)
+    if outcome.error:
+        print(f"[all] {outcome.name} failed:\n{outcome.error}", file=sys.stderr, flush=True)
 
 
 def counts(heads) -> str:
@@ -150,7 +145,7 @@ def prose(text) -> str:
 
 def study_section(outcome) -> str:
     doc = (outcome.result.protocol if outcome.result is not None and outcome.result.protocol
-           else (outcome.module.__doc__ if outcome.module is not None else "") or "")
+           else outcome.doc)
     parts = [f"<h2 id='{outcome.name}'>{html.escape(outcome.name)}</h2>", prose(doc),
              f"<p>Command: <code>python -m experiments {html.escape(outcome.name)}</code> — "
              f"{outcome.seconds:.1f} s.</p>"]

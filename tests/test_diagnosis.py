@@ -1,5 +1,5 @@
 """The diagnosis names the bug shape that fits, the localisation names the axes, and a failing
-report reads as the issue asks: which leg, how far off, what it looks like, where."""
+report reads as a user needs it: which leg, how far off, what it looks like, where."""
 import numpy as np
 import pytest
 
@@ -97,7 +97,7 @@ def _attention_case(dtype=np.float64):
     return x, params
 
 
-def test_failing_report_reads_like_the_issue():
+def test_failing_report_reads_as_a_user_needs_it():
     """`mha.WK  FAIL  hand vs autodiff 1.3e+00 (FD agrees with autodiff) — looks like dWK and
     dWQ are swapped ...; worst at head 0, row 3, col 5`, with the layer's axis names."""
     x, params = _attention_case(np.float32)

@@ -3,6 +3,7 @@
 ``UPDATE_README=1 pytest tests/test_readme_numbers.py`` writes the current output instead."""
 import os
 import pathlib
+import stat
 
 import numpy as np
 import pytest
@@ -36,3 +37,12 @@ def test_readme_block_is_the_current_output(name, make):
     if os.environ.get("UPDATE_README"):
         docs.write_section(README, name, text)
     assert docs.section(README, name) == text, f"README block '{name}' is stale; it is now:\n{text}"
+
+
+def test_a_rewritten_section_keeps_the_files_mode(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("intro\n<!-- begin: t -->\nold\n<!-- end: t -->\n")
+    page.chmod(0o664)
+    docs.write_section(page, "t", "new")
+    assert docs.section(page, "t") == "new"
+    assert stat.S_IMODE(page.stat().st_mode) == 0o664                       # not mkstemp's 0600
