@@ -40,6 +40,7 @@ class Config:
     peers: bool = True          # also time PyTorch eager and torch.compile (when installed)
     shares: bool = True         # also time each layer's share of the lab's training step
     extras: bool = True         # also time a whole-model gradient check and the sqrt(d) study
+    half: bool = True           # also time the model in float16 and bfloat16 against float32
     seed: int = 0               # seed of the inputs and parameters
 
     def __post_init__(self):
@@ -110,10 +111,10 @@ def layer_rows(config, xp):
 class LabStep:
     """The lab's training step (forward, backward, Adam) at one of STEP_SIZES, on its own state."""
 
-    def __init__(self, config, xp, name):
+    def __init__(self, config, xp, name, dtype=None):
         from kernels import model
         s = STEP_SIZES[name]
-        self.sizes, self.dtype = s, np.dtype(config.dtype)
+        self.sizes, self.dtype = s, np.dtype(dtype or config.dtype)
         mcfg = model.ModelConfig(D=s["D"], H=s["H"], F=s["F"], V=s["V"])
         rng = np.random.default_rng(config.seed)
         self.src = rng.integers(0, s["V"] - 2, (s["B"], s["T"]))
@@ -219,6 +220,40 @@ def extras_rows(config):
     return rows
 
 
+HALF_FORMATS = ("float32", "float16", "bfloat16")
+
+
+def half_rows(config, xp, n=256):
+    """The model's forward and backward (NumPy) in float16 and bfloat16 against float32 at each
+    step size, interleaved in one loop; and an n x n bfloat16 product as the kernels compute it
+    (a float32 BLAS product of the exactly upcast operands, rounded once: kernels.precision)
+    against NumPy's own bfloat16 arithmetic (ml_dtypes' element loops, no BLAS)."""
+    from kernels.precision import BFLOAT16, COMPUTE
+    rows = []
+    if xp is not np:
+        return [{"what": "half precision", "note": "timed on the NumPy backend only"}]
+    for name in config.sizes:
+        steps = {dt: LabStep(config, xp, name, dtype=dt) for dt in HALF_FORMATS}
+        with timing.blas_threads(config.threads):
+            t = timing.compare({dt: step.forward_backward for dt, step in steps.items()},
+                               repeats=config.repeats, warmup=config.warmup)
+        for dt in HALF_FORMATS[1:]:
+            rows.append({"what": f"{name} fwd+bwd {dt} / float32",
+                         "note": f"{1e3 * t[dt]:.2f} ms against {1e3 * t['float32']:.2f} ms: "
+                                 f"{t[dt] / t['float32']:.2f}x"})
+    rng = np.random.default_rng(config.seed)
+    a, b = (rng.standard_normal((n, n)).astype(BFLOAT16) for _ in range(2))
+    with timing.blas_threads(config.threads):
+        t = timing.compare({"upcast": lambda: (a.astype(COMPUTE) @ b.astype(COMPUTE)).astype(BFLOAT16),
+                            "native": lambda: a @ b}, repeats=max(3, config.repeats // 10),
+                           warmup=1)
+    rows.append({"what": f"bfloat16 matmul {n}^3",
+                 "note": f"as the kernels run it {1e3 * t['upcast']:.2f} ms, NumPy's bfloat16 "
+                         f"arithmetic {1e3 * t['native']:.1f} ms: {t['native'] / t['upcast']:.0f}x "
+                         f"slower"})
+    return rows
+
+
 def _merge(full, diff, values):
     full = list(full)
     for i, value in zip(diff, values):
@@ -313,6 +348,8 @@ def run(config: Config) -> common.Result:
         rows += layer_rows(config, xp)
     if config.extras:
         rows += extras_rows(config)
+    if config.half:
+        rows += half_rows(config, xp)
     text = [format_rows(rows), "", "training steps, every ratio (lower is better for the lab; "
             "floor: XLA's FLOP count at the matmul rate of the same loop)", format_steps(steps),
             *target_lines(steps)]

@@ -11,20 +11,40 @@ from checks.calibrate import (ALL_CASES, Margin, calibrate, calibrate_one, forma
 from checks.registry import BY_NAME, run_row
 
 
-def test_docs_tables_are_the_commands_output_and_report_no_false_alarm():
-    text = docs.section(docs.DOCS / "tolerances.md", "calibration")
+# the generated tables: (file, formats, least seeds per row x format of the random-shapes case)
+DOC_TABLES = [("tolerances.md", ("float64", "float32"), 200),
+              ("half-precision.md", ("float16", "bfloat16"), 50)]
+
+
+@pytest.mark.parametrize("doc,formats,least_seeds", DOC_TABLES, ids=[d for d, _, _ in DOC_TABLES])
+def test_docs_tables_are_the_commands_output_and_report_no_false_alarm(doc, formats, least_seeds):
+    text = docs.section(docs.DOCS / doc, "calibration")
     assert text.startswith("```\n$ python -m checks calibrate")
-    # every row of the registry, both dtypes, in the random-shapes table
+    # every row of the registry, every format, in the random-shapes table
     for row in BY_NAME:
-        for dtype in ("float64", "float32"):
+        for dtype in formats:
             assert re.search(rf"^{re.escape(row)}\s+\| {dtype}", text, re.M), (row, dtype)
-    # every edge and ill-conditioned case (the large size runs in the sensitivity table, below)
+    # every edge and ill-conditioned case (the large size runs in the sensitivity table)
     assert all(case in text for case in ALL_CASES if case != "large (bench)")
-    seeds = [int(n) for n in re.findall(r"^\S+\s+\| float\d\d\s+\| (\d+)", text, re.M)]
-    assert seeds and min(seeds) >= 200  # at least 200 seeds per row x dtype
+    seeds = [int(n) for n in re.findall(r"^\S+\s+\| b?float\d\d\s+\| (\d+)", text, re.M)]
+    assert seeds and min(seeds) >= least_seeds
     found = re.search(r"(\d+) checks, (\d+) false alarms; worst fraction of tolerance ([\d.]+)",
                       text)
     assert found and int(found.group(2)) == 0 and float(found.group(3)) < 1
+
+
+@pytest.mark.parametrize("doc,formats,_", DOC_TABLES, ids=[d for d, _, _ in DOC_TABLES])
+def test_docs_sensitivity_tables_are_the_commands_output_and_meet_every_goal(doc, formats, _):
+    text = docs.section(docs.DOCS / doc, "sensitivity")
+    assert text.startswith("```\n$ python -m checks sensitivity")
+    for row in BY_NAME:
+        for dtype in formats:
+            for pattern in ("tensor", "slice", "element"):
+                assert re.search(rf"^{re.escape(row)}\s+\| {dtype}\s+\| registry\s+\| "
+                                 rf"{pattern}", text, re.M), (row, dtype, pattern)
+    met = re.search(r"(\d+) of (\d+) goals met", text)
+    assert met and met.group(1) == met.group(2) and int(met.group(2)) > 0
+    assert "| NO  |" not in text
 
 
 @pytest.mark.slow  # one compile per edge shape
