@@ -70,10 +70,11 @@ def test_static_scaling_recovers_the_unscaled_gradient():
     """bfloat16 (float32's range: nothing underflows here): bit-identical, because a power of
     two commutes with every rounding.  float16: the same roundings except where the unscaled
     backward falls below 2^-14, where float16 keeps only an absolute spacing of 2^-24; so the
-    two agree within 2^-9 of the tensor's largest entry (float16's own gradients are 3e-4 to 2e-2
-    from float32's, relative) plus 2^-24 (measured: about half of 2^-24 on the tensors that lie
-    below 2^-14, at most 0.31 x 2^-9 of the largest entry elsewhere).  On those tensors, the encoder's WQ and WK, the scaled
-    gradient is the closer one to float32's: what the scaling is for."""
+    two agree within 2^-9 of the tensor's largest entry (float16's own gradients are 3e-4 to
+    2e-2 from float32's, relative) plus 2^-24 (measured: about half of 2^-24 on the tensors
+    that lie below 2^-14, at most 0.31 x 2^-9 of the largest entry elsewhere).  On those
+    tensors, the encoder's WQ and WK, the scaled gradient is the closer one to float32's: what
+    the scaling is for."""
     scaled, plain = _gradients("bfloat16", 2.0 ** 12), _gradients("bfloat16", 1.0)
     assert all(np.array_equal(scaled[k], plain[k]) for k in plain)
     scaled, plain = _gradients("float16", 2.0 ** 10), _gradients("float16", 1.0)
@@ -156,3 +157,31 @@ def test_article_run_in_half_precision_within_twice_the_float32_loss(tmp_path):
     for change in ({"dtype": "bfloat16"}, {"dtype": "float16", "loss_scale": "dynamic"}):
         fit = train.fit(train.Config(**change), tmp_path / "half.npz")
         assert fit.history[-1]["valid_loss"] <= limit, change
+
+
+def test_what_adams_constants_become_in_each_format():
+    """The reasons the docs give for pure half precision, computed: float16 rounds eps = 1e-8
+    to 0, bfloat16 rounds beta2 = 0.999 to 1; an update below half the spacing at a weight of
+    0.1 (2^-4 <= 0.1 < 2^-3: spacing 2^(-4 - fraction bits)) rounds away."""
+    from experiments.mixed_precision import constants_rows
+    rows = {r["format"]: r for r in constants_rows()}
+    assert rows["float16"]["eps 1e-8"] == 0 and rows["float32"]["eps 1e-8"] > 0
+    assert rows["bfloat16"]["beta2 0.999"] == 1 and rows["float16"]["beta2 0.999"] < 1
+    assert rows["float16"]["half ulp at 0.1"] == 2.0 ** -15
+    assert rows["bfloat16"]["half ulp at 0.1"] == 2.0 ** -12
+    assert rows["float16"]["smallest positive"] == 2.0 ** -24
+
+
+@pytest.mark.slow  # six short runs of the article's model, with validation
+def test_mixed_precision_study_tables_and_headlines(tmp_path, monkeypatch):
+    from experiments import common, mixed_precision
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    result = mixed_precision.run(mixed_precision.Config(epochs=1, steps=2))
+    runs = {r["run"]: r for r in result.rows}
+    assert list(runs) == [v.name for v in mixed_precision.VARIANTS]
+    assert runs["float32"]["x float32"] == 1 and runs["bfloat16 pure"]["weights, Adam"] == "bfloat16"
+    assert runs["float16 pure, dynamic loss scale"]["stopped"].startswith("the loss became non-finite")
+    assert runs["float16 pure, dynamic loss scale"]["v = 0, m ≠ 0"] > 0.5   # the division by 0
+    assert [h.quantity for h in result.headlines] == [
+        f"final valid loss, {name}" for name in mixed_precision.GOALS]
+    assert (tmp_path / "mixed_precision" / "loss_and_unchanged.png").exists()
