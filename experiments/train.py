@@ -60,11 +60,11 @@ class Config:
     warmup: int = 128            # warm-up steps
     schedule: str = "intended"   # intended: a global step; article: the article's loop (docs/training.md)
     dropout: float = 0.0         # rate before the output layer (the article's first exercise)
-    dtype: str = "float64"       # format of the arithmetic; float16, bfloat16: mixed precision (see master_weights)
-    master_weights: bool = True  # half formats: float32 parameters and Adam state, cast to dtype each step; off: all in dtype
-    loss_scale: str = "auto"     # scale the loss's gradient (kernels/loss_scale.py); auto: dynamic for float16, else none
-    loss_scale_init: float = 32768.0  # S at the start (static: throughout); float16 carries at most 2^15
-    loss_scale_growth_interval: int = 200  # dynamic: finite steps in a row before S doubles (the run has 640)
+    dtype: str = "float64"       # format of the arithmetic; float16, bfloat16: mixed precision
+    master_weights: bool = True  # half dtype: float32 weights and Adam state; off: all in dtype
+    loss_scale: str = "auto"     # kernels/loss_scale.py; auto: dynamic for float16, else none
+    loss_scale_init: float = 32768.0  # S at the start (static: always); float16: at most 2^15
+    loss_scale_growth_interval: int = 200  # dynamic: finite steps in a row before S doubles
     seed: int = 0                # seed of the data, the split, the shuffles, the init and dropout
     checkpoint: str = ""         # default: results/NAME/checkpoint.npz
     resume: bool = False         # continue from the checkpoint
@@ -84,8 +84,8 @@ class Config:
         if self.dtype not in FORMATS:
             raise ValueError(f"dtype: expected one of {', '.join(FORMATS)}, got {self.dtype!r}")
         if self.loss_scale not in self.CHOICES["loss_scale"]:
-            raise ValueError(f"loss_scale: expected one of {', '.join(self.CHOICES['loss_scale'])}, "
-                             f"got {self.loss_scale!r}")
+            raise ValueError(f"loss_scale: expected one of "
+                             f"{', '.join(self.CHOICES['loss_scale'])}, got {self.loss_scale!r}")
         loss_scale.check_policy(self.loss_scale_policy())
         if not 0 <= self.dropout < 1:
             raise ValueError(f"dropout: expected a rate in [0, 1), got {self.dropout}")
@@ -251,7 +251,8 @@ def _resume(config: Config, ckpt_path):
     adam = AdamState(as_format(saved.adam.m, store), as_format(saved.adam.v, store), saved.adam.t)
     scale = loss_scale.init_state(config.loss_scale_policy())
     if saved.loss_scale is not None:
-        scale = loss_scale.LossScaleState(float(saved.loss_scale[0]), *map(int, saved.loss_scale[1:]))
+        value, good, skipped = saved.loss_scale
+        scale = loss_scale.LossScaleState(float(value), int(good), int(skipped))
     return TrainState(as_format(saved.params, store), adam, scale), saved.epoch, saved.history
 
 
