@@ -1,8 +1,9 @@
 """Training checkpoints: one .npz of plain arrays, written atomically, read without pickle.
 
 Contents: ``param/NAME``, ``adam_m/NAME``, ``adam_v/NAME`` for every parameter, ``adam_t`` and
-``epoch`` (completed epochs), ``config`` and ``history`` as JSON text, and ``digest``: the SHA-256
-of every other entry's name, dtype, shape and bytes.  Loading refuses a file that is not a
+``epoch`` (completed epochs), ``config`` and ``history`` as JSON text, ``loss_scale`` (the loss
+scaling's state: scale, good steps, skipped steps) when the trainer gives it, and ``digest``: the
+SHA-256 of every other entry's name, dtype, shape and bytes.  Loading refuses a file that is not a
 readable .npz (truncated, overwritten), one that would need pickle, one with missing entries, and
 one whose digest disagrees (changed after it was written).  The digest guards against accidents,
 not against someone who rewrites the digest too.
@@ -27,6 +28,7 @@ class Checkpoint(NamedTuple):
     epoch: int       # epochs completed
     config: dict     # the training config that produced it
     history: list    # per-epoch rows so far
+    loss_scale: tuple | None = None  # (scale, good steps in a row, skipped steps), or None
 
 
 def _digest(arrays: dict) -> str:
@@ -47,6 +49,8 @@ def save(path, ckpt: Checkpoint) -> None:
     arrays["epoch"] = np.array(ckpt.epoch, dtype=np.int64)
     arrays["config"] = np.array(json.dumps(ckpt.config, sort_keys=True))
     arrays["history"] = np.array(json.dumps(ckpt.history))
+    if ckpt.loss_scale is not None:
+        arrays["loss_scale"] = np.array(ckpt.loss_scale, dtype=np.float64)
     arrays["digest"] = np.array(_digest(arrays))
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)
@@ -75,4 +79,5 @@ def load(path) -> Checkpoint:
     if not params or set(m) != set(params) or set(v) != set(params):
         raise ValueError(f"checkpoint {path}: parameters and optimiser moments do not match")
     return Checkpoint(params, AdamState(m, v, int(arrays["adam_t"])), int(arrays["epoch"]),
-                      json.loads(str(arrays["config"])), json.loads(str(arrays["history"])))
+                      json.loads(str(arrays["config"])), json.loads(str(arrays["history"])),
+                      tuple(arrays["loss_scale"].tolist()) if "loss_scale" in arrays else None)

@@ -36,6 +36,7 @@ ENTRIES = (
     Entry("pointer", "experiments.pointer", in_all=False),     # exercise runs of their own:
                                                                # they keep `all` short
     Entry("length", "experiments.length", in_all=False),
+    Entry("mixed_precision", "experiments.mixed_precision", in_all=False),  # six article runs
     Entry("bench", "experiments.bench", in_all=False),         # a benchmark, not a study
 )
 BY_NAME = {e.name: e for e in ENTRIES}

@@ -7,6 +7,15 @@ epoch, writes history.csv, steps.csv, loss.png, answers.txt, meta.json and check
 results/train/, and answers nine requests by greedy generation.  Every option is a field of
 Config; ``--schedule article`` runs the article's schedule (docs/training.md).
 
+Mixed precision: ``--dtype bfloat16`` or ``--dtype float16`` runs the forward and backward in
+that format (kernels/precision.py) on a copy of float32 master weights, rounded each step; the
+gradients are upcast to float32 for Adam, whose moments are float32 too.  float16 scales the
+loss's gradient (dynamic loss scaling by default, kernels/loss_scale.py).  ``--no-master-weights``
+keeps the parameters and Adam's moments in the half format ("pure" half precision).  steps.csv
+records the loss scale, the skipped steps, the share of gradient entries that came back exactly
+zero (underflow) and the share of the weights, as the forward sees them, that a step left
+unchanged.
+
 Determinism: the data, the split, each epoch's shuffle and each epoch's dropout masks come from
 Generators seeded by (seed, stream, epoch), and BLAS runs on one thread, so the same seed gives
 bit-identical parameters and a run resumed from its last checkpoint ends where an uninterrupted
@@ -14,6 +23,7 @@ one does.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import pathlib
 import time
@@ -22,8 +32,9 @@ from typing import Callable, ClassVar, NamedTuple
 import numpy as np
 
 from experiments import checkpoint, common, tasks
-from kernels import model
-from kernels.optim import SCHEDULES, adam_init, adam_step
+from kernels import loss_scale, model
+from kernels.optim import SCHEDULES, AdamState, adam_init, adam_step
+from kernels.precision import COMPUTE, FORMATS, is_half
 
 NAME = "train"
 
@@ -31,7 +42,7 @@ NAME = "train"
 @dataclasses.dataclass(frozen=True)
 class Config:
     CHOICES: ClassVar[dict] = {"task": lambda: sorted(tasks.TASKS), "schedule": tuple(SCHEDULES),
-                               "dtype": ("float32", "float64")}
+                               "dtype": FORMATS, "loss_scale": ("auto",) + loss_scale.KINDS}
     task: str = "palindrome"     # the synthetic task (docs/tasks.md shows how to add one)
     max_tokens: int = 16         # T, tokens per sequence
     batches: int = 256           # batches of data drawn (train and valid together)
@@ -49,7 +60,11 @@ class Config:
     warmup: int = 128            # warm-up steps
     schedule: str = "intended"   # intended: a global step; article: the article's loop (docs/training.md)
     dropout: float = 0.0         # rate before the output layer (the article's first exercise)
-    dtype: str = "float64"       # floating-point type of the parameters and the arithmetic
+    dtype: str = "float64"       # format of the arithmetic; float16, bfloat16: mixed precision
+    master_weights: bool = True  # half dtype: float32 weights and Adam state; off: all in dtype
+    loss_scale: str = "auto"     # kernels/loss_scale.py; auto: dynamic for float16, else none
+    loss_scale_init: float = 32768.0  # S at the start (static: always); float16: at most 2^15
+    loss_scale_growth_interval: int = 200  # dynamic: finite steps in a row before S doubles
     seed: int = 0                # seed of the data, the split, the shuffles, the init and dropout
     checkpoint: str = ""         # default: results/NAME/checkpoint.npz
     resume: bool = False         # continue from the checkpoint
@@ -66,8 +81,12 @@ class Config:
             raise ValueError(f"warmup: expected a non-negative number of steps, got {self.warmup}")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule: expected one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
-        if self.dtype not in ("float32", "float64"):
-            raise ValueError(f"dtype: expected float32 or float64, got {self.dtype!r}")
+        if self.dtype not in FORMATS:
+            raise ValueError(f"dtype: expected one of {', '.join(FORMATS)}, got {self.dtype!r}")
+        if self.loss_scale not in self.CHOICES["loss_scale"]:
+            raise ValueError(f"loss_scale: expected one of "
+                             f"{', '.join(self.CHOICES['loss_scale'])}, got {self.loss_scale!r}")
+        loss_scale.check_policy(self.loss_scale_policy())
         if not 0 <= self.dropout < 1:
             raise ValueError(f"dropout: expected a rate in [0, 1), got {self.dropout}")
         if not (self.start_rate > 0 and self.finish_rate >= 0):
@@ -85,6 +104,24 @@ class Config:
                              f"d_model, got d_model = {self.d_model}")
         return model.ModelConfig(D=self.d_model, H=self.heads, F=self.ff_mult * self.d_model,
                                  V=tasks.DIGITS + 2, blocks=self.blocks)
+
+    def formats(self):
+        """(compute, store): the format of the forward and backward, and the one the parameters
+        and Adam's moments live in: float32 master weights for a half format, unless
+        master_weights is off ("pure" half precision); float32 and float64 store what they
+        compute in."""
+        compute = np.dtype(self.dtype)
+        return compute, (COMPUTE if is_half(compute) and self.master_weights else compute)
+
+    def loss_scale_policy(self) -> loss_scale.LossScalePolicy:
+        """The loss scaling of the run; auto is dynamic for float16 (5 exponent bits: small
+        gradients underflow) and none for the formats with float32's range."""
+        kind = self.loss_scale
+        if kind == "auto":
+            kind = "dynamic" if self.dtype == "float16" else "none"
+        return loss_scale.LossScalePolicy(kind, self.loss_scale_init,
+                                          self.loss_scale_growth_interval,
+                                          loss_scale.largest_scale(self.dtype))
 
 
 class NonFiniteError(ValueError):
@@ -105,6 +142,16 @@ class Fit(NamedTuple):
     steps: list        # one dict per training step of this invocation
     seconds: float
     embedding: object
+    adam: AdamState | None = None                    # the optimiser's state at the end
+    scale: loss_scale.LossScaleState | None = None   # the loss scaling's state at the end
+
+
+class TrainState(NamedTuple):
+    """What one step changes.  params and Adam's moments are in the storage format
+    (Config.formats: float32 master weights in mixed precision)."""
+    params: dict
+    adam: AdamState
+    scale: loss_scale.LossScaleState
 
 
 def rate_and_t(config, epoch, i):
@@ -118,68 +165,166 @@ def rate_and_t(config, epoch, i):
 
 
 def evaluate(params, data, embedding):
-    """Mean loss over batches (B, 2, batch, T), without dropout."""
-    return float(np.mean([model.model_forward(b[0], b[1], params, embedding=embedding)[0]
+    """Mean loss over batches (B, 2, batch, T), without dropout.  The mean runs in float64 on
+    Python floats: a bfloat16 sum of 85 losses would keep only 8 significant bits."""
+    return float(np.mean([float(model.model_forward(b[0], b[1], params, embedding=embedding)[0])
                           for b in data]))
+
+
+def as_format(arrays: dict, dtype) -> dict:
+    """{name: array} in dtype: the same arrays when they already are (float32 and float64 runs
+    pay nothing), else rounded copies (float32 master weights -> the half format's copy that
+    the forward and backward read)."""
+    return {k: v.astype(dtype, copy=False) for k, v in arrays.items()}
+
+
+def unchanged_fraction(before: dict, after: dict) -> float:
+    """The share of parameter entries whose value a step left exactly as it was: updates smaller
+    than half a unit in the last place of the weight round away."""
+    return zero_fraction({k: after[k] != before[k] for k in before})
+
+
+def zero_fraction(arrays: dict) -> float:
+    """The share of entries that are exactly zero: in the backward's gradients, those that
+    underflowed (a trained weight's exact gradient is almost never 0)."""
+    zero = sum(v.size - int(np.count_nonzero(v)) for v in arrays.values())
+    return zero / sum(v.size for v in arrays.values())
+
+
+def train_step(state: TrainState, work: dict, src, tgt, rate, t, *, config: Config, embedding,
+               step=0, rng=None, watch=None):
+    """One Adam step on the batch (src (B, T), tgt (B, T)) at rate, bias-correction step t.
+
+    Mixed precision: work is state.params in the compute format (the same dict when they are
+    stored in it); the forward and backward run on it, the loss's upstream gradient is the loss
+    scale S, the gradients are upcast to the storage format and divided by S there, and Adam
+    updates the stored parameters and moments.  A dynamic loss scale skips a step whose
+    gradients are not finite.  Returns (new state, new work, the step's record)."""
+    compute, store = config.formats()
+    loss, cache = model.model_forward(src, tgt, work, embedding=embedding, dropout=config.dropout,
+                                      rng=rng, watch=watch)
+    if not np.isfinite(loss):
+        raise NonFiniteError(f"the loss became non-finite at step {step}; rerun with --debug to "
+                             f"find the layer")
+    policy, scale = config.loss_scale_policy(), state.scale.scale
+    quiet = np.errstate(over="ignore", invalid="ignore") if policy.kind == "dynamic" \
+        else contextlib.nullcontext()  # dynamic scaling expects overflow and handles it
+    with quiet:
+        _, grads = model.model_backward(compute.type(scale), cache, watch=watch)
+    zero = zero_fraction(grads)
+    grads = loss_scale.unscale(grads, scale, store)
+    finite = policy.kind != "dynamic" or loss_scale.all_finite(grads)
+    new_scale, apply = loss_scale.update(state.scale, finite, policy)
+    record = {"loss": float(loss), "rate": rate, "scale": scale, "skipped": int(not apply),
+              "zero_grads": zero, "unchanged": float("nan")}
+    if not apply:
+        return TrainState(state.params, state.adam, new_scale), work, record
+    params, adam = adam_step(state.params, grads, state.adam, rate, t=t)
+    new_work = as_format(params, compute)
+    record["unchanged"] = unchanged_fraction(work, new_work)
+    return TrainState(params, adam, new_scale), new_work, record
+
+
+def _portable(arrays: dict) -> dict:
+    """Half-precision arrays upcast to float32 (exact) for the checkpoint: .npz has no bfloat16."""
+    return {k: v.astype(COMPUTE) if is_half(v.dtype) else v for k, v in arrays.items()}
+
+
+def _save(path, state: TrainState, epoch, config, history):
+    adam = AdamState(_portable(state.adam.m), _portable(state.adam.v), state.adam.t)
+    checkpoint.save(path, checkpoint.Checkpoint(_portable(state.params), adam, epoch,
+                                                dataclasses.asdict(config), history,
+                                                tuple(state.scale)))
+
+
+def _resume(config: Config, ckpt_path):
+    """(state, epochs done, history) from the checkpoint, refused when its settings differ.
+    A checkpoint written before a setting existed ran with that setting's default."""
+    saved = checkpoint.load(ckpt_path)
+    defaults = dataclasses.asdict(Config())
+    mismatch = {k: (v, saved.config.get(k, defaults[k])) for k, v in _resumable(config).items()
+                if saved.config.get(k, defaults[k]) != v}
+    if mismatch:
+        raise ValueError(f"resume: the checkpoint {ckpt_path} was written with other settings: "
+                         + ", ".join(f"{k} {b!r} there, {a!r} here" for k, (a, b) in mismatch.items()))
+    store = config.formats()[1]
+    adam = AdamState(as_format(saved.adam.m, store), as_format(saved.adam.v, store), saved.adam.t)
+    scale = loss_scale.init_state(config.loss_scale_policy())
+    if saved.loss_scale is not None:
+        value, good, skipped = saved.loss_scale
+        scale = loss_scale.LossScaleState(float(value), int(good), int(skipped))
+    return TrainState(as_format(saved.params, store), adam, scale), saved.epoch, saved.history
 
 
 def fit(config: Config, ckpt_path, *, on_epoch: Callable | None = None, params=None) -> Fit:
     """Train, writing a checkpoint after every epoch; resume from ckpt_path if config.resume.
-    on_epoch(epoch, row) is called after each epoch's checkpoint (a test stops a run there)."""
+    on_epoch(epoch, row) is called after each epoch's checkpoint (a test stops a run there).
+    A NonFiniteError carries the run so far as its ``partial`` Fit."""
     from threadpoolctl import threadpool_limits
     mcfg = config.model_config()
-    dtype = np.dtype(config.dtype)
+    compute, store = config.formats()
     data = tasks.make_dataset(config.task, batches=config.batches, batch=config.batch,
                               T=config.max_tokens, seed=config.seed)
     train, valid = tasks.split(data, valid_fraction=config.valid_fraction, seed=config.seed)
-    embedding = model.embedding_table(mcfg, dtype)
+    embedding = model.embedding_table(mcfg, compute)
     history, first_epoch = [], 0
     if config.resume:
-        saved = checkpoint.load(ckpt_path)
-        mismatch = {k: (v, saved.config.get(k)) for k, v in _resumable(config).items()
-                    if saved.config.get(k) != v}
-        if mismatch:
-            raise ValueError(f"resume: the checkpoint {ckpt_path} was written with other settings: "
-                             + ", ".join(f"{k} {b!r} there, {a!r} here" for k, (a, b) in mismatch.items()))
-        params, adam, first_epoch, history = saved.params, saved.adam, saved.epoch, saved.history
+        state, first_epoch, history = _resume(config, ckpt_path)
     else:
-        params = params or model.init_params(mcfg, seed=config.seed, dtype=dtype, std=config.init_std)
-        adam = adam_init(params)
+        params = as_format(params or model.init_params(mcfg, seed=config.seed, dtype=store,
+                                                       std=config.init_std), store)
+        state = TrainState(params, adam_init(params),
+                           loss_scale.init_state(config.loss_scale_policy()))
+    work = as_format(state.params, compute)
     steps, start = [], time.perf_counter()
     with threadpool_limits(limits=1, user_api="blas"):  # fast on small matrices, and reproducible
         bar = common.progress(total=(config.epochs - first_epoch) * config.steps, desc=NAME)
-        for epoch in range(first_epoch, config.epochs):
-            order = np.random.default_rng([config.seed, 2, epoch]).permutation(len(train))
-            order = np.resize(order, config.steps)        # more steps than batches: wrap around
-            drop_rng = np.random.default_rng([config.seed, 3, epoch])
-            losses = []
-            for i, b in enumerate(order):
-                step = epoch * config.steps + i
-                rate, t = rate_and_t(config, epoch, i)
-                watch = finite_watch(step) if config.debug else None
-                loss, cache = model.model_forward(train[b, 0], train[b, 1], params,
-                                                  embedding=embedding, dropout=config.dropout,
-                                                  rng=drop_rng, watch=watch)
-                if not np.isfinite(loss):
-                    raise NonFiniteError(f"the loss became non-finite at step {step}; rerun with "
-                                         f"--debug to find the layer")
-                _, grads = model.model_backward(dtype.type(1), cache, watch=watch)
-                params, adam = adam_step(params, grads, adam, rate, t=t)
-                losses.append(float(loss))
-                steps.append({"step": step, "epoch": epoch + 1, "loss": float(loss), "rate": rate})
-                bar.update(1)
-            row = {"epoch": epoch + 1, "train_loss": float(np.mean(losses)),
-                   "valid_loss": evaluate(params, valid, embedding), "rate": rate,
-                   "seconds": round(time.perf_counter() - start, 3)}
-            history.append(row)
-            checkpoint.save(ckpt_path, checkpoint.Checkpoint(params, adam, epoch + 1,
-                                                             dataclasses.asdict(config), history))
-            bar.write(f"epoch {epoch + 1:3d}  train {row['train_loss']:.4f}  "
-                      f"valid {row['valid_loss']:.4f}  rate {rate:.2e}")
-            if on_epoch is not None:
-                on_epoch(epoch + 1, row)
-        bar.close()
-    return Fit(params, history, steps, time.perf_counter() - start, embedding)
+        try:
+            for epoch in range(first_epoch, config.epochs):
+                order = np.random.default_rng([config.seed, 2, epoch]).permutation(len(train))
+                order = np.resize(order, config.steps)        # more steps than batches: wrap around
+                drop_rng = np.random.default_rng([config.seed, 3, epoch])
+                first = len(steps)
+                for i, b in enumerate(order):
+                    step = epoch * config.steps + i
+                    rate, t = rate_and_t(config, epoch, i)
+                    watch = finite_watch(step) if config.debug else None
+                    state, work, record = train_step(state, work, train[b, 0], train[b, 1], rate,
+                                                     t, config=config, embedding=embedding,
+                                                     step=step, rng=drop_rng, watch=watch)
+                    steps.append({"step": step, "epoch": epoch + 1, **record})
+                    bar.update(1)
+                row = _epoch_row(epoch, steps[first:], evaluate(work, valid, embedding),
+                                 state.scale, time.perf_counter() - start)
+                history.append(row)
+                _save(ckpt_path, state, epoch + 1, config, history)
+                bar.write(f"epoch {epoch + 1:3d}  train {row['train_loss']:.4f}  "
+                          f"valid {row['valid_loss']:.4f}  rate {rate:.2e}"
+                          + (f"  scale {row['scale']:g}, {row['skipped']} skipped"
+                             if state.scale.scale != 1 or row["skipped"] else ""))
+                if on_epoch is not None:
+                    on_epoch(epoch + 1, row)
+        except NonFiniteError as exc:
+            exc.partial = Fit(state.params, history, steps, time.perf_counter() - start,
+                              embedding, state.adam, state.scale)
+            raise
+        finally:
+            bar.close()
+    return Fit(state.params, history, steps, time.perf_counter() - start, embedding, state.adam,
+               state.scale)
+
+
+def _epoch_row(epoch, records, valid_loss, scale, seconds):
+    """The epoch's line of history.csv: mean training loss, valid loss, the last rate, the loss
+    scale at its end, the steps it skipped, the mean share of zero gradients and the mean
+    unchanged share of its applied steps."""
+    applied = [r["unchanged"] for r in records if not r["skipped"]]
+    return {"epoch": epoch + 1, "train_loss": float(np.mean([r["loss"] for r in records])),
+            "valid_loss": valid_loss, "rate": records[-1]["rate"], "scale": scale.scale,
+            "skipped": sum(r["skipped"] for r in records),
+            "zero_grads": float(np.mean([r["zero_grads"] for r in records])),
+            "unchanged": float(np.mean(applied)) if applied else float("nan"),
+            "seconds": round(seconds, 3)}
 
 
 def _resumable(config):
@@ -239,7 +384,7 @@ def train_and_report(config: Config, name: str, *, requests=None, expected_valid
         plot_history(result.history, result.steps, out / "loss.png",
                      f"{config.task}, T = {config.max_tokens}, {config.schedule} schedule")
     src = tasks.requests(config.task, config.max_tokens) if requests is None else requests
-    rows = answer(result.params, result.embedding, src, config.task)
+    rows = answer(as_format(result.params, config.formats()[0]), result.embedding, src, config.task)
     text = format_answers(rows)
     common.atomic_write_text(out / "answers.txt", text + "\n")
     final = result.history[-1]["valid_loss"]
@@ -260,7 +405,9 @@ def train_and_report(config: Config, name: str, *, requests=None, expected_valid
                                          source, "final valid loss ≤ the exercise's target"))
     per_step = result.seconds / max(len(result.steps), 1)
     common.write_meta(out / "meta.json", config, result.seconds,
-                      seconds_per_step=per_step, final_valid_loss=final, correct_answers=n_ok)
+                      seconds_per_step=per_step, final_valid_loss=final, correct_answers=n_ok,
+                      loss_scale=config.loss_scale_policy()._asdict(),
+                      final_loss_scale=result.scale.scale, skipped_steps=result.scale.skipped)
     summary = (f"valid loss {final:.4f} after {config.epochs} epochs; {n_ok}/{len(rows)} answers "
                f"correct; {result.seconds:.1f} s ({1e3 * per_step:.1f} ms per step incl. "
                f"validation)\n{text}")

@@ -84,19 +84,27 @@ def test_same_seed_bit_identical_and_training_learns(tmp_path):
     assert a.history[-1]["train_loss"] < a.history[0]["train_loss"]
 
 
-def test_stopped_run_keeps_checkpoint_and_resume_is_bit_identical(tmp_path):
-    whole = train.fit(TINY, tmp_path / "whole.npz")
+@pytest.mark.parametrize("config", [
+    TINY,
+    dataclasses.replace(TINY, dtype="float16", loss_scale_init=2.0 ** 10,
+                        loss_scale_growth_interval=3),           # S doubles across the stop
+    dataclasses.replace(TINY, dtype="bfloat16", master_weights=False),  # stored as float32
+], ids=["float64", "float16-dynamic", "bfloat16-pure"])
+def test_stopped_run_keeps_checkpoint_and_resume_is_bit_identical(tmp_path, config):
+    whole = train.fit(config, tmp_path / "whole.npz")
     path = tmp_path / "stopped.npz"
 
     def stop(epoch, row):
         if epoch == 2:
             raise KeyboardInterrupt
     with pytest.raises(KeyboardInterrupt):
-        train.fit(TINY, path, on_epoch=stop)
+        train.fit(config, path, on_epoch=stop)
     saved = checkpoint.load(path)
-    assert saved.epoch == 2 and saved.adam.t == 2 * TINY.steps and len(saved.history) == 2
-    resumed = train.fit(dataclasses.replace(TINY, resume=True), path)
+    assert saved.epoch == 2 and saved.adam.t == 2 * config.steps and len(saved.history) == 2
+    resumed = train.fit(dataclasses.replace(config, resume=True), path)
     assert all(np.array_equal(whole.params[k], resumed.params[k]) for k in whole.params)
+    assert {p.dtype for p in resumed.params.values()} == {config.formats()[1]}
+    assert resumed.scale == whole.scale                    # the loss scale's state resumes too
     assert [r["valid_loss"] for r in resumed.history] == [r["valid_loss"] for r in whole.history]
     with pytest.raises(ValueError, match=r"resume: the checkpoint .* other settings: .*epochs"):
         train.fit(dataclasses.replace(TINY, resume=True, epochs=5, seed=0, steps=4,
