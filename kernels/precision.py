@@ -55,17 +55,18 @@ def is_float_dtype(dtype) -> bool:
     return dtype.kind == "f" or (BFLOAT16 is not None and dtype == BFLOAT16)
 
 
-def format_of(*arrays):
+def format_of(*arrays, where="arrays"):
     """The half-precision format of the floating arrays given, or None when there is none.
-    Mixed formats beside a half-precision one are a TypeError (the kernels never promote)."""
+    Mixed formats beside a half-precision one are a TypeError naming ``where`` (the kernels
+    never promote)."""
     floats = [a for a in arrays if hasattr(a, "dtype") and is_float_dtype(a.dtype)]
     half = [a.dtype for a in floats if is_half(a.dtype)]
     if not half:
         return None
     other = sorted({str(a.dtype) for a in floats if a.dtype != half[0]})
     if other:
-        raise TypeError(f"expected every floating input and parameter in {half[0]} (the "
-                        f"input's), got also {', '.join(other)}")
+        raise TypeError(f"{where}: expected every floating input and parameter in {half[0]} "
+                        f"(the input's), got also {', '.join(other)}")
     return half[0]
 
 
@@ -94,7 +95,7 @@ def half_precision(forward):
     @functools.wraps(forward)
     def wrapped(*args, **static):
         params = args[-1] if args and isinstance(args[-1], dict) else {}
-        fmt = format_of(*args[:-1], *params.values())
+        fmt = format_of(*args[:-1], *params.values(), where=forward.__name__)
         if fmt is None:
             return forward(*args, **static)
         inputs = [upcast(a, fmt) for a in args[:-1]]
@@ -109,7 +110,7 @@ def half_precision_backward(backward):
     half-precision dout is upcast, every gradient returned rounded to its format."""
     @functools.wraps(backward)
     def wrapped(dout, cache, **options):
-        fmt = format_of(dout)
+        fmt = format_of(dout, where=backward.__name__)
         if fmt is None:
             return backward(dout, cache, **options)
         return round_to(backward(upcast(dout, fmt), cache, **options), fmt)
