@@ -94,16 +94,16 @@ def ff_params(rng, dtype, s, x):
 
 def central_gap_bias(z):
     """Per hidden unit (column of z, the pre-activations without their bias, (N, F)), the bias
-    that puts 0 in the middle of the widest gap between the central half of its values (all
-    of them below 16): both branches of the kink are used and no value lies near it.  A single
-    value per unit (one token) is put 0.5 above or below 0, alternately by unit."""
+    that puts 0 in the middle of the widest gap between the central half of its values: both
+    branches of the kink are used and no value lies near it.  Below 16 values a gap between two
+    of them may be arbitrarily narrow, so 0 may also go 1/2 beyond the smallest or the largest
+    value (every value then on one branch): the margin is at least 1/2."""
     z = np.sort(z, axis=0)                                                    # (N, F)
     n = z.shape[0]
-    if n < 2:
-        return -z[0] + 0.5 * np.where(np.arange(z.shape[1]) % 2 == 0, 1.0, -1.0)   # (F,)
-    # the central half, or every value when there are few (a gap between two of four values
-    # may be arbitrarily narrow)
-    centre = z[n // 4: n - n // 4] if n >= 16 else z                          # (~N/2, F)
+    if n >= 16:
+        centre = z[n // 4: n - n // 4]                                        # (~N/2, F)
+    else:
+        centre = np.concatenate([z[:1] - 1.0, z, z[-1:] + 1.0])              # (N + 2, F)
     widest = np.argmax(np.diff(centre, axis=0), axis=0)                       # (F,)
     cols = np.arange(z.shape[1])
     return -0.5 * (centre[widest, cols] + centre[widest + 1, cols])           # (F,)
