@@ -37,6 +37,7 @@ def files(folder):
     return found | {f"param {k}": v.tobytes() for k, v in params.items()}
 
 
+@pytest.mark.slow  # starts two worker processes (the slow tier: make test-all, CI)
 def test_a_pool_writes_what_the_serial_run_writes(tmp_path, monkeypatch, capsys):
     from experiments import common
     entries, outputs = tiny_entries(), {}

@@ -10,7 +10,8 @@ from checks.zoo import BLOCK, BUGS, format_zoo, run_bug
 # bugs whose diagnosis searches the oracle's paths or flips its static arguments take seconds
 # each: the slow tier (make test-all, CI)
 SEARCHED = {"self-attention dx misses the key/value path", "attention weights not transposed in dV",
-            "causal mask ignored in backward", "layer-norm missing the term through the mean"}
+            "causal mask ignored in backward", "layer-norm missing the term through the mean",
+            "missing 1/sqrt(P) in backward"}
 BUG_PARAMS = [pytest.param(b, id=b.name.replace(" ", "-"),
                            marks=[pytest.mark.slow] if b.name in SEARCHED else [])
               for b in BUGS]
