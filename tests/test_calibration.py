@@ -16,14 +16,21 @@ DOC_TABLES = [("tolerances.md", ("float64", "float32"), 200),
               ("half-precision.md", ("float16", "bfloat16"), 50)]
 
 
+def _generated(doc, name, command, formats, line):
+    """A generated section of docs/: the command's output, with a line matching
+    ``line.format(row=..., dtype=...)`` for every registry row and format."""
+    text = docs.section(docs.DOCS / doc, name)
+    assert text.startswith(f"```\n$ python -m checks {command}")
+    missing = [(row, dtype) for row in BY_NAME for dtype in formats
+               if not re.search(line.format(row=re.escape(row), dtype=dtype), text, re.M)]
+    assert not missing, missing
+    return text
+
+
 @pytest.mark.parametrize("doc,formats,least_seeds", DOC_TABLES, ids=[d for d, _, _ in DOC_TABLES])
 def test_docs_tables_are_the_commands_output_and_report_no_false_alarm(doc, formats, least_seeds):
-    text = docs.section(docs.DOCS / doc, "calibration")
-    assert text.startswith("```\n$ python -m checks calibrate")
     # every row of the registry, every format, in the random-shapes table
-    for row in BY_NAME:
-        for dtype in formats:
-            assert re.search(rf"^{re.escape(row)}\s+\| {dtype}", text, re.M), (row, dtype)
+    text = _generated(doc, "calibration", "calibrate", formats, r"^{row}\s+\| {dtype}")
     # every edge and ill-conditioned case (the large size runs in the sensitivity table)
     assert all(case in text for case in ALL_CASES if case != "large (bench)")
     seeds = [int(n) for n in re.findall(r"^\S+\s+\| b?float\d\d\s+\| (\d+)", text, re.M)]
@@ -35,13 +42,9 @@ def test_docs_tables_are_the_commands_output_and_report_no_false_alarm(doc, form
 
 @pytest.mark.parametrize("doc,formats,_", DOC_TABLES, ids=[d for d, _, _ in DOC_TABLES])
 def test_docs_sensitivity_tables_are_the_commands_output_and_meet_every_goal(doc, formats, _):
-    text = docs.section(docs.DOCS / doc, "sensitivity")
-    assert text.startswith("```\n$ python -m checks sensitivity")
-    for row in BY_NAME:
-        for dtype in formats:
-            for pattern in ("tensor", "slice", "element"):
-                assert re.search(rf"^{re.escape(row)}\s+\| {dtype}\s+\| registry\s+\| "
-                                 rf"{pattern}", text, re.M), (row, dtype, pattern)
+    for pattern in ("tensor", "slice", "element"):
+        text = _generated(doc, "sensitivity", "sensitivity", formats,
+                          r"^{row}\s+\| {dtype}\s+\| registry\s+\| " + pattern)
     met = re.search(r"(\d+) of (\d+) goals met", text)
     assert met and met.group(1) == met.group(2) and int(met.group(2)) > 0
     assert "| NO  |" not in text
