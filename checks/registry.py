@@ -17,6 +17,7 @@ import numpy as np
 import kernels
 import reference
 from kernels import model as whole_model
+from kernels.precision import is_half
 
 # Small enough that every tensor also gets an element-wise finite-difference check, with S != T
 # and V != D so that transposed or swapped gradients cannot pass by accident.
@@ -155,7 +156,7 @@ def _model_case(rng, dtype, s):
                                    + params[f"{name}.ff.b1"])) for name, c in ffs)
         if margin > 1e-3:
             break
-    if np.dtype(dtype).itemsize <= 2:
+    if is_half(dtype):
         params = _clear_of_kinks(src, tgt, params, table, [name for name, _ in ffs])
     return [src, tgt], params, {"embedding": table}
 
@@ -163,9 +164,10 @@ def _model_case(rng, dtype, s):
 def _clear_of_kinks(src, tgt, params, table, blocks):
     """Half precision: the rounding at every layer boundary moves a pre-activation by about
     u |z| (bfloat16: 4e-3 per rounding), so a margin of 1e-3 lets the kernel and the float64
-    oracle take different branches of leaky ReLU.  Each feed-forward's b1 is placed instead in
-    the widest central gap of its unit's pre-activations (``central_gap_bias``; margins of about
-    0.1), block by block in the forward's order (each placement moves the blocks after it)."""
+    oracle take different branches of leaky ReLU.  Each feed-forward's b1 is placed instead by
+    ``central_gap_bias`` (the widest gap of its unit's pre-activations; margins of 0.1 to 0.5),
+    block by block in the forward's order: each placement moves the blocks after it, so every
+    block's pre-activations come from a fresh float64 forward."""
     params = dict(params)
     for name in blocks:
         p64 = {k: v.astype(np.float64) for k, v in params.items()}

@@ -59,24 +59,10 @@ import dataclasses
 
 import numpy
 
-try:  # bfloat16 (and other small formats) come with JAX
-    import ml_dtypes
-except ImportError:  # pragma: no cover
-    ml_dtypes = None
-
-from kernels.precision import is_float_dtype  # noqa: E402
+# a floating format (bfloat16 included) and its numpy.finfo: one definition, the kernels'
+from kernels.precision import finfo, is_float_dtype as is_float  # noqa: F401
 
 U64 = float(numpy.finfo(numpy.float64).eps) / 2
-
-
-def is_float(dtype) -> bool:
-    """A real floating format, NumPy's own or ml_dtypes' bfloat16 (whose kind is 'V')."""
-    return is_float_dtype(dtype)
-
-
-def finfo(dtype):
-    dtype = numpy.dtype(dtype)
-    return numpy.finfo(dtype) if dtype.kind == "f" else ml_dtypes.finfo(dtype)
 
 
 def unit_roundoff(dtype) -> float:

@@ -31,9 +31,8 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
-import numpy
-
 from kernels.backend import array_module
+from kernels.precision import finfo
 
 KINDS = ("none", "static", "dynamic")
 
@@ -54,15 +53,6 @@ class LossScaleState(NamedTuple):
 def largest_scale(dtype) -> float:
     """The largest power of two that is finite in dtype (float16: 2^15; bfloat16: 2^127)."""
     return math.ldexp(1.0, math.frexp(float(finfo(dtype).max))[1] - 1)  # max = m 2^e, m in [.5, 1)
-
-
-def finfo(dtype):
-    """numpy.finfo, also for bfloat16."""
-    dtype = numpy.dtype(dtype)
-    if dtype.kind == "f":
-        return numpy.finfo(dtype)
-    import ml_dtypes  # bfloat16: numpy.finfo does not know ml_dtypes' formats
-    return ml_dtypes.finfo(dtype)
 
 
 def check_policy(policy: LossScalePolicy) -> None:

@@ -55,6 +55,12 @@ def is_float_dtype(dtype) -> bool:
     return dtype.kind == "f" or (BFLOAT16 is not None and dtype == BFLOAT16)
 
 
+def finfo(dtype):
+    """numpy.finfo, also for bfloat16 (which numpy.finfo does not know)."""
+    dtype = numpy.dtype(dtype)
+    return numpy.finfo(dtype) if dtype.kind == "f" else ml_dtypes.finfo(dtype)
+
+
 def format_of(*arrays, where="arrays"):
     """The half-precision format of the floating arrays given, or None when there is none.
     Mixed formats beside a half-precision one are a TypeError naming ``where`` (the kernels
