@@ -7,16 +7,19 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: test test-slow test-all run checks bench clean
+.PHONY: test test-alt test-slow test-all run checks bench clean docs deps-newest
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q -c constraints.txt -e ".[dev]"
 	touch $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2 -m "not slow"
+
+test-alt: $(STAMP)      # the fast suite under a second numerical configuration (docs/testing.md)
+	$(PY) scripts/alt_numerics.py -- $(PY) -m pytest -q -n 2 -m "not slow"
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -n 2 -m slow
@@ -33,6 +36,12 @@ checks: $(STAMP)
 
 clean:
 	rm -rf $(VENV) results .pytest_cache
+
+deps-newest: $(STAMP)   # the newest releases of every dependency in a scratch venv: what changed
+	$(PY) scripts/try_newest.py
+
+docs: $(STAMP)          # the example output in README.md and docs/, recomputed
+	$(PY) -m checks docs
 
 bench: $(STAMP)
 	$(PY) -m experiments bench

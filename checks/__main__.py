@@ -6,6 +6,7 @@
     python -m checks sensitivity [--layer NAME ...] [--dtype float32] [--large] [--workers 2]
     python -m checks zoo
     python -m checks steps LAYER [--out results/steps]
+    python -m checks docs              # rewrite the example output shown in README.md and docs/
 
 A usage error (an unknown layer, a bad option) is one line on stderr and exit status 2.
 """
@@ -24,7 +25,7 @@ from kernels.precision import FORMATS
 
 DEFAULT_FORMATS = ("float64", "float32")  # the formats checked when none is given
 
-COMMANDS = ("calibrate", "sensitivity", "zoo", "steps")
+COMMANDS = ("calibrate", "sensitivity", "zoo", "steps", "docs")
 
 
 class UsageError(Exception):
@@ -56,17 +57,25 @@ def _count(text):
     return 0 if text.strip() == "0" else _positive(text)
 
 
+def _all_size_names() -> dict:
+    """Every size name a row declares: DEFAULT_SIZES and the rows' own, in that order."""
+    names = dict.fromkeys(DEFAULT_SIZES)
+    for row in ROWS:
+        names.update(dict.fromkeys(row.sizes))
+    return names
+
+
 def _sizes(text):
-    """'T=1,B=3' -> {'T': 1, 'B': 3}: known size names, positive integers."""
-    sizes = {}
+    """'T=1,B=3' -> {'T': 1, 'B': 3}: size names some row declares, positive integers."""
+    sizes, known = {}, _all_size_names()
     for item in text.split(","):
         name, eq, value = item.strip().partition("=")
         if not eq or not name:
             raise argparse.ArgumentTypeError(f"expected NAME=INTEGER pairs separated by commas "
                                              f"(T=1,B=3), got {item.strip()!r}")
-        if name not in DEFAULT_SIZES:
+        if name not in known:
             raise argparse.ArgumentTypeError(f"unknown size {name!r}; the sizes are "
-                                             f"{', '.join(DEFAULT_SIZES)}")
+                                             f"{', '.join(known)}")
         try:
             sizes[name] = int(value)
         except ValueError:
@@ -76,28 +85,74 @@ def _sizes(text):
     return sizes
 
 
-def _check_sizes(sizes, rows):
-    """Each row's minimum sizes; then each row's case is drawn and its forward run once, so a
-    size the kernel rejects (D not divisible by H, an odd D for the positional code) is a usage
-    error with the kernel's own message."""
-    s = {**DEFAULT_SIZES, **sizes}
+def _shapes(row, sizes):
+    inputs, params, _ = row.case(np.random.default_rng(0), np.float64, sizes)
+    return [np.shape(x) for x in inputs] + [np.shape(v) for v in params.values()]
+
+
+def _uses(row, name, sizes) -> bool:
+    """Whether the row's case reads size `name`: its tensors' shapes change with it."""
+    if name in row.fixed or name not in row.size_names():
+        return False
+    default = row.size_names()[name]
+    if sizes[name] == default:
+        return True            # nothing to tell apart; the value is honoured either way
+    return _shapes(row, sizes) != _shapes(row, {**sizes, name: default})
+
+
+def _used_names(row) -> list[str]:
+    """The size names the row's case reads (each doubled from its default changes a shape, or
+    is refused), for the message that lists what a row takes."""
+    used = []
+    for name, default in row.size_names().items():
+        try:
+            if name not in row.fixed and _uses(row, name, {name: 2 * default}):
+                used.append(name)
+        except (ValueError, TypeError, ZeroDivisionError):
+            used.append(name)
+    return used
+
+
+def _check_sizes(sizes, rows, explicit=True):
+    """Every size given is honoured or rejected in one line: a size that no selected row uses,
+    one a chosen row sets itself (the model's D, H, F, V) or below a row's minimum; then each
+    row's case is drawn and its forward run once, so a size the kernel rejects (D not divisible
+    by H, an odd D for the positional code) is a usage error with the kernel's own message.
+    When every row is checked (no --layer), the rows a size applies to are named on stderr."""
+    ignored = {}
     for row in rows:
+        s = {**row.size_names(), **sizes}
         for name, least in row.min_sizes.items():
             if s[name] < least:
                 raise UsageError(f"--sizes: {row.name} needs {name} >= {least}, got "
                                  f"{name} = {s[name]}")
         try:
+            used = {name: _uses(row, name, sizes) for name in sizes}
             inputs, params, static = row.case(np.random.default_rng(0), np.float64, sizes)
             row.forward(*inputs, params, **static)
         except (ValueError, TypeError, ZeroDivisionError) as exc:
             raise UsageError(f"--sizes: {row.name} rejects {sizes}: "
                              + str(exc).splitlines()[0])
+        for name in sizes:
+            if not used[name]:
+                why = (f"sets {name} itself ({name} = {row.fixed[name]})" if name in row.fixed
+                       else f"does not use {name}")
+                ignored.setdefault(name, []).append(row.name)
+                if explicit:
+                    raise UsageError(f"--sizes: {row.name} {why}; it takes "
+                                     + ", ".join(_used_names(row)))
+    for name, names in ignored.items():
+        if len(names) == len(rows):
+            raise UsageError(f"--sizes: no row uses {name}")
+        print(f"note: --sizes {name}={sizes[name]} applies to "
+              f"{', '.join(r.name for r in rows if r.name not in names)}; the other rows do not "
+              f"use it or set it themselves", file=sys.stderr)
 
 
 def table(args) -> int:
     rows = args.layer or ROWS
     if args.sizes:
-        _check_sizes(args.sizes, rows)
+        _check_sizes(args.sizes, rows, explicit=bool(args.layer))
     dtypes = args.dtype or list(DEFAULT_FORMATS)
     if args.fd == "complex" and any(not row.analytic for row in rows):
         if args.layer:
@@ -152,6 +207,15 @@ def _doc_section(name, dtypes):
     return DOCS / "tolerances.md", "-".join([name, *dtypes])
 
 
+def _write_run(args, path, name, body):
+    """A --write-docs run into its section: the whole table, or with --layer its rows merged
+    into the table already there (checks.docs.write_run)."""
+    from checks.docs import write_run
+    layers = [row.name for row in args.layer] if args.layer else None
+    write_run(path, name, "python -m checks " + args.command_line, body, layers)
+    print(f"wrote the {'rows of ' + ', '.join(layers) if layers else 'tables'} into {path}")
+
+
 def calibrate(args) -> int:
     from checks.calibrate import ALL_CASES, calibrate as run, format_cases, format_margins, summary
     rows = args.layer or ROWS
@@ -167,14 +231,10 @@ def calibrate(args) -> int:
         print(f"\nfalse alarm in {m.layer} {m.dtype} ({m.case}): {m.first_alarm}")
     print("\n" + summary(margins))
     if args.write_docs:
-        from checks.docs import write_section
-        command = "python -m checks " + args.command_line
         path, name = _doc_section("calibration", dtypes)
-        write_section(path, name, "\n".join([
-            "```", f"$ {command}", format_margins(
-                [m for m in margins if m.case == "random shapes"]), "",
-            format_cases(margins), "", summary(margins), "```"]))
-        print(f"wrote the tables into {path}")
+        _write_run(args, path, name, "\n".join([
+            format_margins([m for m in margins if m.case == "random shapes"]), "",
+            format_cases(margins), "", summary(margins)]))
     return 1 if alarms else 0
 
 
@@ -186,13 +246,8 @@ def sensitivity(args) -> int:
     print(format_sensitivity(results))
     print("\n" + summary(results))
     if args.write_docs:
-        from checks.docs import write_section
-        command = "python -m checks " + args.command_line
         path, name = _doc_section("sensitivity", dtypes)
-        write_section(path, name, "\n".join([
-            "```", f"$ {command}", format_sensitivity(results), "", summary(results),
-            "```"]))
-        print(f"wrote the table into {path}")
+        _write_run(args, path, name, format_sensitivity(results) + "\n\n" + summary(results))
     return 0 if all(s.met is not False for s in results) else 1
 
 
@@ -213,7 +268,39 @@ def steps(args) -> int:
     return 0
 
 
+# the generated tables a row has an entry in: (formats, calibration options); `docs --layer`
+# writes the row's entries into all of them, merged into the tables already there
+DOC_TABLE_RUNS = ((("float64", "float32"), ("--seeds", "200")),
+                  (("float16", "bfloat16"), ("--seeds", "50")))
+
+
+def docs(args) -> int:
+    """The example output in README.md and docs/; with --layer, the rows' entries in every
+    generated table (calibration and sensitivity in the four formats) instead."""
+    if not args.layer:
+        from checks.examples import write_all
+        write_all()
+        return 0
+    layers = [a for row in args.layer for a in ("--layer", row.name)]
+    status = 0
+    for formats, options in DOC_TABLE_RUNS:
+        dtypes = [a for f in formats for a in ("--dtype", f)]
+        for argv in (["calibrate", *layers, *dtypes, *options, "--large-seeds", "0"],
+                     ["sensitivity", *layers, *dtypes]):
+            print(f"$ python -m checks {' '.join(argv)} --write-docs", flush=True)
+            status = max(status, main([*argv, "--write-docs"]))
+    return status
+
+
 def parser_for(command):
+    if command == "docs":
+        p = Parser(prog="python -m checks docs",
+                   description="recompute the example output shown in README.md and docs/ and "
+                               "write it there (make docs); with --layer, write those rows' "
+                               "entries into every generated table (calibration, sensitivity)")
+        p.add_argument("--layer", action="append", type=_layer,
+                       help="a new or changed row whose generated entries to write (repeatable)")
+        return p, docs
     if command == "calibrate":
         p = Parser(prog="python -m checks calibrate",
                    description="every layer x dtype over many seeds and random shapes: the worst "
@@ -269,7 +356,7 @@ def parser_for(command):
                    help="finite differences: central (default), richardson, complex")
     p.add_argument("--sizes", type=_sizes, default=None,
                    help="other sizes for the rows, e.g. T=1,B=3 (names: "
-                        + ", ".join(DEFAULT_SIZES) + ")")
+                        + ", ".join(_all_size_names()) + "; a row may declare its own)")
     p.add_argument("--plot", metavar="DIR",
                    help="write a heat map (PNG) of hand minus trusted for each failing tensor")
     return p, table

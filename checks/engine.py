@@ -27,7 +27,7 @@ from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 
-from checks import tolerances
+from checks import contract, tolerances
 from checks.diagnosis import Context, constants_from, diagnose, locate
 from checks.legs import FiniteDifferences, Measured, Oracle, normwise
 from checks.report import Report, TensorResult, format_table, reports_to_json  # noqa: F401
@@ -122,7 +122,7 @@ class LayerCheck:
                  seed=0, name="layer", input_names=None, axes=None, sizes=None, fd="central",
                  policy=tolerances.DEFAULT, dout=None):
         self.forward_fn, self.backward_fn, self.oracle_fn = forward, backward, oracle
-        self.inputs, self.params = list(inputs), params
+        self.inputs, self.params = contract.inputs_list(inputs), params
         self.static, self.nondiff, self.seed, self.name = dict(static or {}), set(nondiff), seed, name
         self.input_names, self.axes, self.sizes = input_names, dict(axes or {}), sizes
         self.fd_scheme, self.policy, self.given_dout = fd, policy, dout
@@ -180,11 +180,17 @@ class LayerCheck:
 
     def hand(self):
         try:
-            out, cache = self.forward_fn(*self.inputs, self.params, **self.static)
+            out, cache = contract.forward_result(
+                self.forward_fn(*self.inputs, self.params, **self.static))
         except Exception as exc:  # a broken kernel is a failing report, never a crashed suite
             raise _Failed("forward", _raised("hand forward", exc))
+        wrong_oracle = contract.oracle_output(self.ref_out.shape, self.ref_out.dtype,
+                                              np.shape(out))
+        if wrong_oracle:  # before the backward, which would get a dout of the oracle's shape
+            raise _Failed("oracle", wrong_oracle)
         try:
-            dinputs, dparams = self.backward_fn(_like(self.dout, self.inputs), cache)
+            dinputs, dparams = contract.backward_result(
+                self.backward_fn(_like(self.dout, self.inputs), cache))
             dinputs = _as_tuple(dinputs, len(self.inputs))
             if not isinstance(dparams, dict):
                 raise TypeError(f"backward returned {type(dparams).__name__} for the parameter "

@@ -37,6 +37,11 @@ class Row:
     axes: dict = dataclasses.field(default_factory=dict)
     analytic: bool = False
     min_sizes: dict = dataclasses.field(default_factory=dict)  # where the maths is well posed
+    # size names of the row's own beyond DEFAULT_SIZES, with their defaults ({"G": 2}: key/value
+    # heads); --sizes accepts them for this row
+    sizes: dict = dataclasses.field(default_factory=dict)
+    fixed: dict = dataclasses.field(default_factory=dict)  # sizes the row sets itself (--sizes
+    #                                                        rejects them for it)
     # overrides of checks.tolerances.Policy: {field: value} or {dtype name: {field: value}}
     tolerance: dict = dataclasses.field(default_factory=dict)
 
@@ -45,9 +50,13 @@ class Row:
         from checks.tolerances import DEFAULT
         return DEFAULT.override(self.tolerance, dtype)
 
+    def size_names(self) -> dict:
+        """Every size the row's case is drawn at, with its default (or the value it fixes)."""
+        return {**DEFAULT_SIZES, **self.sizes, **self.fixed}
+
     def case(self, rng, dtype, sizes=None):
         """(inputs, params, static) for one check at the given sizes."""
-        made = self.make(rng, np.dtype(dtype), {**DEFAULT_SIZES, **(sizes or {})})
+        made = self.make(rng, np.dtype(dtype), {**self.size_names(), **(sizes or {})})
         inputs, params = made[0], made[1]
         static = {**self.static, **(made[2] if len(made) > 2 else {})}
         return list(inputs), params, static
@@ -135,6 +144,9 @@ def _dropout_case(rng, dtype, s):
     return [x], {}, {"mask": rng.random(x.shape) >= 0.25}
 
 
+MODEL_SIZES = {"D": 6, "H": 2, "F": 8, "V": 4}
+
+
 def _model_case(rng, dtype, s):
     """The whole model, two blocks per side at sizes that keep every tensor's
     element-wise finite differences quick: D = 6, H = 2 (P = 3), F = 8, V = 4 (digits 0 and 1,
@@ -142,7 +154,7 @@ def _model_case(rng, dtype, s):
     is far from uniform; redrawn (at most 100 times, as in ff_params) until every feed-forward
     pre-activation clears leaky ReLU's kink.  The fixed table stays float64 (the model casts it to the parameters'
     dtype), so both dtypes' checks share one compiled oracle."""
-    s = {**s, "D": 6, "H": 2, "F": 8, "V": 4}  # fixed; B and T come from the sizes given
+    s = {**s, **MODEL_SIZES}  # fixed; B and T come from the sizes given
     config = whole_model.ModelConfig(D=s["D"], H=s["H"], F=s["F"], V=s["V"], blocks=2)
     table = whole_model.embedding_table(config, np.float64)
     src, tgt = ids(rng, (s["B"], s["T"]), s["V"]), ids(rng, (s["B"], s["T"]), s["V"] - 2)
@@ -229,15 +241,17 @@ ROWS = [
     # element-wise finite differences of all 42 tensors would run the whole model 2000 times
     # per check; every layer gets them in its own row, the model its random directions
     Row("model", whole_model.model_forward, whole_model.model_backward, reference.model,
-        _model_case, input_names=("src", "tgt"), tolerance={"FD_ELEMENTWISE_MAX": 0}),
+        _model_case, input_names=("src", "tgt"), tolerance={"FD_ELEMENTWISE_MAX": 0},
+        fixed=MODEL_SIZES),
 ]
 
 BY_NAME = {row.name: row for row in ROWS}
 
 
-def named_sizes(sizes=None):
+def named_sizes(sizes=None, row=None):
     """The sizes a row's case is drawn at, with P = D / H: names for a wrong scale factor."""
-    s = {**DEFAULT_SIZES, **(sizes or {})}
+    s = {**(row.size_names() if row else DEFAULT_SIZES), **(sizes or {}),
+         **(row.fixed if row else {})}
     return {**s, "P": s["D"] // s["H"]}
 
 
@@ -259,7 +273,7 @@ def layer_check(row, dtype, *, seed=0, sizes=None, xp=np, fd="central", backward
     params = {k: xp.asarray(v) for k, v in params.items()}
     return LayerCheck(row.forward, backward or row.backward, row.oracle, inputs, params,
                       static=static, nondiff=row.nondiff, seed=seed, name=row.name,
-                      input_names=row.input_names, axes=row.axes, sizes=named_sizes(sizes),
+                      input_names=row.input_names, axes=row.axes, sizes=named_sizes(sizes, row),
                       fd=fd, policy=row.policy(dtype))
 
 
