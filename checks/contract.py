@@ -50,6 +50,17 @@ def backward_result(result):
     return result
 
 
+def backward_takes(backward, cache, out) -> bool:
+    """Whether the hand backward takes an upstream gradient of the forward's own output shape
+    (and returns a well-formed result): when the forward and the oracle disagree on the output's
+    shape, a hand pair consistent with itself puts the fault on the oracle."""
+    try:
+        backward_result(backward(out * 0 + 1, cache))
+    except Exception:
+        return False
+    return True
+
+
 def oracle_output(oracle_shape, oracle_dtype, out_shape) -> str | None:
     """The oracle's fault, in one sentence, when its output cannot be the forward's; else None.
     The oracle runs in float64 (``jax_enable_x64``): any other dtype means it casts inside."""

@@ -187,6 +187,12 @@ class LayerCheck:
         wrong_oracle = contract.oracle_output(self.ref_out.shape, self.ref_out.dtype,
                                               np.shape(out))
         if wrong_oracle:  # before the backward, which would get a dout of the oracle's shape
+            if np.shape(out) != self.ref_out.shape and not contract.backward_takes(
+                    self.backward_fn, cache, out):
+                raise _Failed("forward", f"the hand forward returned shape {np.shape(out)}, "
+                                         f"the oracle {self.ref_out.shape}, and the hand "
+                                         f"backward does not take a gradient of the forward's "
+                                         f"shape: the forward's output looks wrong")
             raise _Failed("oracle", wrong_oracle)
         try:
             dinputs, dparams = contract.backward_result(
