@@ -19,7 +19,7 @@ def _describe(value) -> str:
     if shape is not None:
         return f"an array of shape {tuple(shape)}"
     if isinstance(value, (tuple, list)):
-        return f"a {type(value).__name__} of {len(value)} values"
+        return f"a {type(value).__name__} of {len(value)} value{'' if len(value) == 1 else 's'}"
     return f"a {type(value).__name__}"
 
 
