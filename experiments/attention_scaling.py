@@ -277,8 +277,9 @@ def _headlines(m, config):
     d_top = max(config.widths)
     ms = m["widths"][d_top]["ms_over_d"]
     heads.append(common.test(f"unscaled logits: mean square of q·k over d, d = {d_top}",
-                             *common.mean_se(ms), 1.0, "Vaswani et al. 2017, fn. 4: variance d (exact)",
-                             df=len(ms) - 1))
+                             *common.mean_se(ms), 1.0, "the sampler: E(q·k)² = d for N(0, 1/d) weights "
+                             "(Vaswani et al. 2017, fn. 4, as an assumption)", df=len(ms) - 1,
+                             kind="identity"))
     n_top = max(config.entropy_keys)
     mean, se = m["entropy"][n_top]
     heads.append(common.test(f"softmax entropy at logit std 1, n = {n_top}", mean, se,

@@ -183,7 +183,8 @@ def _headlines(m, config):
     top = max(config.scales)
     ms = grid[top, True]["mean_square"]
     heads.append(common.test(f"QK-norm: mean square of the logits at logit scale {top:g}", *common.mean_se(ms),
-                             1.0, "isotropic normalised q, k: E(q̂·k̂)²/d = 1 (exact)", df=len(ms) - 1))
+                             1.0, "isotropic normalised q, k: E(q̂·k̂)²/d = 1 (the norm fixes it at every λ)",
+                             df=len(ms) - 1, kind="identity"))
     if runs:
         trained = [r["bound_margin"] for r in runs if r["bound_margin"] != ""]
         heads.append(common.bound("palindrome run: largest bound − entropy, unmasked layers, every epoch",

@@ -351,9 +351,10 @@ def _headlines(m, config):
                                   "midpoint above its largest finite value"))
     heads.append(common.exact("lab's softmax kernel: non-finite rows over both sweeps",
                               sum(int(s["lab"].sum()) for s in m["softmax"].values()), 0,
-                              "max shift in float32 (kernels.precision)"))
+                              "max shift in float32 (kernels.precision): exp ≤ 1 by construction",
+                              kind="identity"))
     heads.append(common.exact("Adam's eps = 1e-8 stored in float16", m["adam"]["eps"]["float16"], 0.0,
-                              "1e-8 < 2^-25 (half the smallest subnormal): rounds to 0"))
+                              "1e-8 < 2^-25 (half the smallest subnormal): rounds to 0", kind="identity"))
     a = m["adam"]
     bad16 = ~np.isfinite(a["steps"]["float16"])
     g_star, rel = adam_threshold()
@@ -367,7 +368,8 @@ def _headlines(m, config):
     heads.append(common.exact("float32 and bfloat16 Adam, same steps: non-finite updates",
                               int((~np.isfinite(a["steps"]["float32"])).sum()
                                   + (~np.isfinite(a["steps"]["bfloat16"])).sum()), 0,
-                              "eps stays positive (bfloat16: 1.0012e-8), v does not underflow"))
+                              "eps stays positive (bfloat16: 1.0012e-8), v does not underflow",
+                              kind="identity"))
     return heads
 
 

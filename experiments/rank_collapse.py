@@ -137,7 +137,8 @@ def _headlines(m, config):
                          2.0, "Noci et al. 2022 (vanishing query gradient); order from the expansion",
                          df=df),
              common.test("exponent of |dL/dW_V| against res(in)", *common.mean_se(slopes(layer, "dWV")),
-                         0.0, "Noci et al. 2022: the value gradient does not vanish", df=df)]
+                         0.0, "Noci et al. 2022: the value gradient does not vanish (W_V enters "
+                         "linearly: 0 by the algebra)", df=df, kind="identity")]
     shallow, deep = min(config.depths), max(config.depths)
     diff = depth[deep, "1/sqrt(L)"][:, -1] - depth[shallow, "1/sqrt(L)"][:, -1]   # paired by input
     heads.append(common.test(f"1/sqrt(L) residual: res at L = {deep} minus res at L = {shallow} "

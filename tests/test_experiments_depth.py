@@ -30,7 +30,8 @@ def test_xiong_band_flat_post_norm_and_rank_collapse():
     assert abs(mean - study.FF_INCREMENT) <= 3.5 * se, (mean, se)
     result = study.run(TINY)  # the whole study at this size, charts and files
     assert (common.RESULTS / "depth" / "data.csv").exists()
-    assert all(h.kind == "test" and "t with 2 df" in h.rule for h in result.headlines)
+    assert [h.kind for h in result.headlines] == ["reproduced"] * 3 + ["identity"]
+    assert all("t with 2 df" in h.rule for h in result.headlines)
 
 
 @pytest.mark.parametrize("variant", study.VARIANTS, ids=study.label_of)

@@ -76,7 +76,7 @@ def test_run_headlines_are_stated_tests_and_a_wrong_prediction_fails():
     result = study.run(TINY)
     assert (common.RESULTS / study.NAME / "data.csv").exists()
     for h in result.headlines:
-        assert h.rule and h.source and h.kind in ("test", "bound", "shown")
+        assert h.rule and h.source and h.kind in common.KINDS
         assert h.agrees is not False, h.sentence()
     exact = [h for h in result.headlines if h.rule.startswith("exact")]
     assert len(exact) >= 6

@@ -25,7 +25,7 @@ def test_entropy_collapse_tiny():
     config = entropy_collapse.Config(width=8, keys=8, draws=4, scales=(0.5, 8.0, 64.0), train_epochs=0)
     result = entropy_collapse.run(config)
     bound, qk = result.headlines[:2]
-    assert bound.kind == "bound" and bound.agrees and qk.agrees
+    assert bound.kind == "consistent" and bound.agrees and qk.kind == "identity" and qk.agrees
     rows = {(r["scale"], r["qk_norm"]): r for r in result.rows if r["draw"] == 0}
     assert rows[64.0, False]["entropy"] < rows[0.5, False]["entropy"]          # collapse
     assert rows[64.0, True]["entropy"] == pytest.approx(rows[0.5, True]["entropy"], rel=1e-6)
@@ -38,6 +38,6 @@ def test_rank_collapse_tiny():
         mean, se = common.mean_se(rank_collapse.slopes(layer, key))
         assert abs(mean - power) <= 0.05, (key, mean, se)   # orders of the expansion, eps <= 0.05
     result = rank_collapse.run(config)
-    assert [h.kind for h in result.headlines] == ["test"] * 4 + ["shown"]
+    assert [h.kind for h in result.headlines] == ["reproduced", "reproduced", "identity", "reproduced", "shown"]
     x = np.ones((1, 4, 3)) * np.array([1.0, -2.0, 0.5])
     assert rank_collapse.residual(x)[0] == 0.0 and rank_collapse.residual(x + np.eye(4, 3))[0] > 0

@@ -39,6 +39,9 @@ def fake_parts(name, fails):
         figures = []
         common.save(fig, name, "chart.png", f"the caption of {name}", figures)
         heads = [common.test(f"{name} quantity", 1.25, 0.05, 1.0, "a paper"),
+                 common.test(f"{name} matched", 1.02, 0.05, 1.0, "a closed form"),
+                 common.bound(f"{name} bounded", 0.25, 1.0, "a theorem", "max ≤ 1"),
+                 common.test(f"{name} sampler", 1.0, 0.01, 1.0, "the sampler", kind="identity"),
                  common.shown(f"{name} shown", 2.5, 0.1, "no number", "a note")]
         return common.finish(name, config, 0.0, [{"x": 1}], figures, heads, "summary text",
                              tables=[("per size", [{"n": 3, "value": 0.5}])])
@@ -54,6 +57,17 @@ def test_all_keeps_going_past_a_failure_and_writes_the_page(tmp_path, capsys, mo
     # one sentence per headline at the top: 1.25 ± 0.05 against 1 is 5 SE off
     assert "Not reproduced: alpha quantity — measured 1.25 ± 0.05, expected 1" in summary
     assert "Shown: omega shown" in summary and "broken: the study failed" in summary
+    assert "Reproduced: alpha matched" in summary
+    assert "Consistent [Consistent]: alpha bounded" in summary and "margin limit − measured = 0.75" in page
+    assert "Identity holds [Identity]: alpha sampler" in summary
+    # only the Reproduced kind is counted: the page's count is the one computed from the results
+    import json
+    written = [h for name in ("alpha", "omega")
+               for h in json.loads((tmp_path / name / "meta.json").read_text())["headlines"]]
+    passed = sum(h["kind"] == "reproduced" and h["agrees"] for h in written)
+    total = sum(h["kind"] == "reproduced" for h in written)
+    assert (passed, total) == (2, 4)
+    assert f"{passed}/{total} reproduced, 2/2 bounds consistent, 2/2 identities hold (not counted), 2 shown" in page
     assert "≤ 3.00 × combined SE" in page and "<td>0.5</td>" in page            # rule, HTML table
     assert "<p>Its protocol, in prose.</p>" in page
     assert "the caption of alpha" in page and page.count("data:image/png;base64,") == 2
@@ -62,7 +76,23 @@ def test_all_keeps_going_past_a_failure_and_writes_the_page(tmp_path, capsys, mo
     os.umask(mask)
     assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~mask                  # not 0600
     out = capsys.readouterr().out
-    assert "[all 1/3] alpha" in out and "broken FAILED" in out and "0/1 reproduced, 1 shown" in out
+    assert "[all 1/3] alpha" in out and "broken FAILED" in out and "1/2 reproduced, 1/1 bounds consistent" in out
+
+
+def test_every_kind_renders_its_label_and_only_reproduced_ones_count():
+    heads = [common.test("a", 1.0, 0.1, 1.0, "s"), common.test("b", 2.0, 0.1, 1.0, "s"),
+             common.bound("c", 0.5, 1.0, "s", "r"), common.bound("d", 1.5, 1.0, "s", "r"),
+             common.exact("e", 3, 3, "s", kind="identity"), common.exact("f", 3, 4, "s", kind="identity"),
+             common.shown("g", 1.0, 0.1, "n", "s")]
+    assert [h.label for h in heads] == ["Reproduced", "Not reproduced", "Consistent", "Inconsistent",
+                                        "Identity holds", "Identity FAILS", "Shown"]
+    table = report.headline_table(heads)
+    for name in ("Reproduced", "Consistent", "Identity", "Shown"):
+        assert f"<td>{name}</td>" in table                              # the kind column
+    assert "margin limit − measured = -0.5, 1.5 of the limit" in heads[3].rule
+    assert report.counts(heads).startswith("1/2 reproduced,")
+    with pytest.raises(ValueError, match="kind: expected one of"):
+        common.test("h", 1.0, 0.1, 1.0, "s", kind="bound")
 
 
 def test_the_registry_names_every_run_once_and_all_runs_the_studies():

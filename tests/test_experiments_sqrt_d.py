@@ -37,7 +37,7 @@ def test_tiny_run_follows_the_laws_and_writes_its_files(tmp_path):
     for n in TINY.sizes:
         for name in (f"mean s^2, n = {n}", f"mean of mean^2, n = {n}"):
             h = heads[name]
-            assert h.kind == "test" and "combined SE" in h.rule
+            assert h.kind == "reproduced" and "combined SE" in h.rule
             assert h.agrees == (abs(h.measured - h.predicted) <= 3 * h.measured_se)
     # the article's columns are compared with the difference's SE, sqrt(2) times the lab's
     h = heads["std of the product, n = 3"]
