@@ -111,8 +111,7 @@ class Headline:
         se = f" ± {self.measured_se:.3g}" if _finite(self.measured_se) and self.measured_se > 0 else ""
         pred = (f"{self.predicted:.4g}" + (f" ± {self.predicted_se:.2g}" if self.predicted_se else "")
                 if isinstance(self.predicted, (int, float)) else str(self.predicted))
-        kind = "" if self.kind in ("reproduced", "shown") else f" [{KIND_NAMES[self.kind]}]"
-        return (f"{self.label}{kind}: {self.quantity} — measured {self.measured:.4g}{se}, "
+        return (f"{self.label}: {self.quantity} — measured {self.measured:.4g}{se}, "
                 f"{'expected' if self.kind != 'shown' else 'for reference'} {pred} ({self.source}).")
 
 

@@ -277,6 +277,19 @@ def underflow_fractions(m, e, scale=0):
     return binomial(int((g16 == 0).sum()), n), binomial(int((np.abs(g32) <= UNDERFLOW).sum()), n)
 
 
+def paired_zeros(m, e, scale=0):
+    """The same elements judged twice (float16 zero; float32 |g| at or below 2^-25): McNemar's
+    paired comparison.  Returns the difference of the two fractions, its standard error from the
+    discordant elements, sqrt(b + c - (b - c)^2 / N) / N, and the counts b (zero in float16 only)
+    and c (predicted only)."""
+    grads = m["grads"]
+    i = list(grads["exponents"]).index(e + scale)
+    z16 = grads["g16"][i] == 0
+    z32 = np.abs(grads["g32"] * 2.0 ** (e + scale)) <= UNDERFLOW
+    N, b, c = z16.size, int((z16 & ~z32).sum()), int((~z16 & z32).sum())
+    return (b - c) / N, math.sqrt(max(b + c - (b - c) ** 2 / N, 0.0)) / N, b, c
+
+
 def stagnation_exponent(m, config, name="float16"):
     """Slope of log mean error against log n for n >= 1/u (the running sum has reached the size
     where terms below half an ulp start to vanish), with its SE (0 with two lengths)."""
@@ -328,20 +341,24 @@ def _headlines(m, config):
     slope, se, df = common.fit_slope(np.log2(n), per_n.mean(axis=1))
     heads.append(common.test("lab's kernel: slope of the mean error / u against log2 n", slope, se, 0.0,
                              "float32 accumulation: the final rounding dominates at every n", df=df))
-    (z16, z16_se), (z32, z32_se) = underflow_fractions(m, config.weight)
-    heads.append(common.test(f"float16 gradients equal to 0, upstream gradient 2^{config.weight}",
-                             z16, z16_se, z32, f"float32 gradients with |g| ≤ 2^-25 (binomial SEs)",
-                             predicted_se=z32_se))
+    (z16, _), (z32, _) = underflow_fractions(m, config.weight)
+    diff, diff_se, b, c = paired_zeros(m, config.weight)
+    heads.append(common.test(f"float16 gradients equal to 0 minus float32 gradients with |g| ≤ 2^-25, "
+                             f"upstream gradient 2^{config.weight} (paired by element)", diff, diff_se,
+                             0.0, f"rounding to float16 alone: fractions {z16:.4g} and {z32:.4g}; McNemar "
+                             f"SE from the {b} + {c} discordant elements"))
     (s16, s16_se), (s32, s32_se) = underflow_fractions(m, config.small_weight)
     heads.append(common.shown(f"float16 gradients equal to 0, upstream gradient 2^{config.small_weight}, "
                               "no loss scale", s16, s16_se,
                               f"float32 |g| ≤ 2^-25: {s32:.3g} (per-position gradients underflow first)",
                               "the rounding of the float32 gradient alone"))
-    (l16, l16_se), (l32, l32_se) = underflow_fractions(m, config.small_weight, config.loss_scale)
-    heads.append(common.test(f"float16 gradients equal to 0, upstream gradient 2^{config.small_weight}, "
-                             f"loss scale 2^{config.loss_scale}", l16, l16_se, l32,
-                             f"float32 gradients with |g| ≤ 2^-25 / S (Micikevicius et al. 2018)",
-                             predicted_se=l32_se))
+    (l16, _), (l32, _) = underflow_fractions(m, config.small_weight, config.loss_scale)
+    diff, diff_se, b, c = paired_zeros(m, config.small_weight, config.loss_scale)
+    heads.append(common.test(f"float16 gradients equal to 0 minus float32 gradients with |g| ≤ 2^-25 / S, "
+                             f"upstream gradient 2^{config.small_weight}, loss scale S = 2^{config.loss_scale} "
+                             "(paired by element)", diff, diff_se, 0.0,
+                             f"Micikevicius et al. 2018: the scale undoes the underflow; fractions "
+                             f"{l16:.4g} and {l32:.4g}; McNemar SE from the {b} + {c} discordant elements"))
     for name in FORMATS:
         s = m["softmax"][name]
         first, step = exact_threshold(s["x"], s["naive"])

@@ -58,8 +58,8 @@ def test_all_keeps_going_past_a_failure_and_writes_the_page(tmp_path, capsys, mo
     assert "Not reproduced: alpha quantity — measured 1.25 ± 0.05, expected 1" in summary
     assert "Shown: omega shown" in summary and "broken: the study failed" in summary
     assert "Reproduced: alpha matched" in summary
-    assert "Consistent [Consistent]: alpha bounded" in summary and "margin limit − measured = 0.75" in page
-    assert "Identity holds [Identity]: alpha sampler" in summary
+    assert "Consistent: alpha bounded" in summary and "margin limit − measured = 0.75" in page
+    assert "Identity holds: alpha sampler" in summary
     # only the Reproduced kind is counted: the page's count is the one computed from the results
     import json
     written = [h for name in ("alpha", "omega")
