@@ -150,6 +150,8 @@ def test(quantity, measured, se, predicted, source, *, predicted_se=0.0, df=None
     dof = f", t with {df} df" if df is not None and df < 1000 else ""
     rule = (f"|measured − predicted| ≤ {m:.2f} × combined SE {combined:.2g}{dof} "
             f"(here {z:.2f} SE)")
+    if ok and z > k:  # within the t band only: say so, the test is weak there
+        rule += f"; beyond {k:g} SE, it passes only through t with {df} df"
     return Headline(quantity, float(measured), float(se), float(predicted), float(predicted_se),
                     source, rule, bool(ok), kind)
 

@@ -1,5 +1,8 @@
 """entropy_collapse and rank_collapse at a tiny size: the published bound holds, QK-norm keeps
-the logits' mean square at 1, the cubic rate and the vanishing query gradient."""
+the logits' mean square at 1, the cubic rate and the vanishing query gradient; the schedule
+study's comparison by protocol."""
+import math
+
 import numpy as np
 import pytest
 
@@ -41,3 +44,31 @@ def test_rank_collapse_tiny():
     assert [h.kind for h in result.headlines] == ["reproduced", "reproduced", "identity", "reproduced", "shown"]
     x = np.ones((1, 4, 3)) * np.array([1.0, -2.0, 0.5])
     assert rank_collapse.residual(x)[0] == 0.0 and rank_collapse.residual(x + np.eye(4, 3))[0] > 0
+
+
+def test_schedule_compares_the_article_only_under_its_own_protocol():
+    """The article's schedule over seeds against the article's numbers (t with seeds - 1 df, one
+    run's spread as the article's uncertainty); the intended schedule shown, never judged."""
+    import types
+    from experiments import schedule
+    rng = np.random.default_rng(0)
+
+    def fake(scale):  # a fit's per-epoch history, losses spread multiplicatively over seeds
+        return types.SimpleNamespace(history=[{"epoch": e, "train_loss": v * scale, "valid_loss": v * scale}
+                                              for e, v in enumerate([2.2, 1.7, 1.0, 0.5, 0.2, 0.1,
+                                                                     0.05, 0.03, 0.02, 0.0165], 1)])
+    seeds = range(5)
+    fits = {("article", s): fake(math.exp(0.05 * rng.standard_normal())) for s in seeds}
+    fits["intended", 0] = fake(0.1)
+    heads = schedule._protocol_headlines(schedule.Config(), fits, seeds)
+    judged = [h for h in heads if h.kind == "reproduced"]
+    assert len(judged) == len(schedule.ARTICLE) and all("t with 4 df" in h.rule for h in judged)
+    for h in judged:   # the article's uncertainty is one run's spread: the seeds' SD of the log
+        assert h.predicted_se == pytest.approx(h.measured_se * math.sqrt(5))
+    by_name = {h.quantity.split(",")[0]: h for h in judged}
+    assert not by_name["log valid loss at epoch 2"].agrees     # 1.7 against 0.302: far in log SDs
+    assert by_name["log valid loss at epoch 10"].agrees        # 0.0165 spread by 5 %: within
+    shown = [h for h in heads if "intended" in h.quantity]
+    assert shown and all(h.kind == "shown" and h.agrees is None for h in shown)
+    other = schedule.Config(epochs=3)   # not the article's protocol: nothing compared
+    assert all(h.kind == "shown" for h in schedule._protocol_headlines(other, fits, seeds))

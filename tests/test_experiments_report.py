@@ -91,6 +91,9 @@ def test_every_kind_renders_its_label_and_only_reproduced_ones_count():
         assert f"<td>{name}</td>" in table                              # the kind column
     assert "margin limit − measured = -0.5, 1.5 of the limit" in heads[3].rule
     assert report.counts(heads).startswith("1/2 reproduced,")
+    weak = common.test("w", 5.0, 1.0, 0.0, "s", df=4)          # 5 SE: inside t(4)'s 6.62 only
+    assert weak.agrees and "passes only through t with 4 df" in weak.rule
+    assert "passes only" not in heads[0].rule
     with pytest.raises(ValueError, match="kind: expected one of"):
         common.test("h", 1.0, 0.1, 1.0, "s", kind="bound")
 
