@@ -14,21 +14,31 @@ pytestmark = pytest.mark.usefixtures("study_sandbox")
 
 def test_entropy_bound_is_the_smallest_entropy_over_the_range():
     rng = np.random.default_rng(0)
-    n, delta = 6, 2.5
-    p_bound = np.exp(np.r_[delta, np.zeros(n - 1)])
-    p_bound /= p_bound.sum()      # one logit at the top, n - 1 at the bottom: equality
-    assert entropy_collapse.zhai_bound(delta, n) == pytest.approx(entropy_collapse.row_entropy(p_bound))
-    logits = rng.uniform(0, delta, (2000, n))              # any logits within the range: above it
-    p = np.exp(logits)
-    p /= p.sum(1, keepdims=True)
-    assert entropy_collapse.row_entropy(p).min() >= entropy_collapse.zhai_bound(delta, n)
+    for n, delta in ((6, 2.5), (16, 1.0), (16, 6.0)):
+        logits = rng.uniform(0, delta, (4000, n))         # any logits within the span: above it
+        logits[:1000] = delta * (rng.random((1000, n)) < 0.3)   # corners too, where the minimum is
+        p = np.exp(logits)
+        p /= p.sum(1, keepdims=True)
+        exact = entropy_collapse.min_entropy(delta, n)
+        assert entropy_collapse.row_entropy(p).min() >= exact - 1e-12
+        k = entropy_collapse.best_k(delta, n)               # attained by k keys at the top
+        top = np.exp(np.r_[np.full(k, delta), np.zeros(n - k)])
+        assert entropy_collapse.row_entropy(top / top.sum()) == pytest.approx(exact, rel=1e-12)
+    # the one-top-key form is the minimum only above Delta_1(n): n = 16, span 1: five keys, 2.650
+    assert entropy_collapse.best_k(1.0, 16) == 5
+    assert entropy_collapse.min_entropy(1.0, 16) == pytest.approx(2.6497, abs=1e-4)
+    assert entropy_collapse.zhai_bound(1.0, 16) == pytest.approx(2.7212, abs=1e-4)
+    threshold = entropy_collapse.one_key_threshold(16)
+    assert 3.3 < threshold < 3.4
+    assert entropy_collapse.best_k(threshold * 1.01, 16) == 1 and entropy_collapse.best_k(threshold * 0.99, 16) > 1
 
 
 def test_entropy_collapse_tiny():
     config = entropy_collapse.Config(width=8, keys=8, draws=4, scales=(0.5, 8.0, 64.0), train_epochs=0)
     result = entropy_collapse.run(config)
-    bound, qk = result.headlines[:2]
-    assert bound.kind == "consistent" and bound.agrees and qk.kind == "identity" and qk.agrees
+    kinds = [h.kind for h in result.headlines]
+    assert kinds == ["consistent", "identity", "shown", "identity"], kinds
+    assert all(h.agrees is not False for h in result.headlines)
     rows = {(r["scale"], r["qk_norm"]): r for r in result.rows if r["draw"] == 0}
     assert rows[64.0, False]["entropy"] < rows[0.5, False]["entropy"]          # collapse
     assert rows[64.0, True]["entropy"] == pytest.approx(rows[0.5, True]["entropy"], rel=1e-6)
@@ -41,7 +51,12 @@ def test_rank_collapse_tiny():
         mean, se = common.mean_se(rank_collapse.slopes(layer, key))
         assert abs(mean - power) <= 0.05, (key, mean, se)   # orders of the expansion, eps <= 0.05
     result = rank_collapse.run(config)
-    assert [h.kind for h in result.headlines] == ["reproduced", "reproduced", "identity", "reproduced", "shown"]
+    assert [h.kind for h in result.headlines] == ["reproduced", "reproduced", "reproduced", "identity",
+                                                  "reproduced", "consistent"]
+    layer_to_layer = result.headlines[1]   # the pure stack's exponent over depth: Dong's 3
+    assert layer_to_layer.agrees and abs(layer_to_layer.measured - 3) < 0.5, layer_to_layer
+    with pytest.raises(ValueError, match="betas: expected"):
+        rank_collapse.Config(betas=(0.25, 1.0))
     x = np.ones((1, 4, 3)) * np.array([1.0, -2.0, 0.5])
     assert rank_collapse.residual(x)[0] == 0.0 and rank_collapse.residual(x + np.eye(4, 3))[0] > 0
 
