@@ -333,8 +333,9 @@ def _charts(m, config, figures):
             b1.plot([r["epoch"] for r in rs], [r["entropy"] for r in rs], "o-", color=f"C{i}", label=layer)
             b1.axhline(rs[0]["uniform"], color=f"C{i}", ls=":", lw=1)
             b2.plot([r["epoch"] for r in rs], [r["max_logit"] for r in rs], "o-", color=f"C{i}", label=layer)
+        b1.set_ylim(0, 1.1 * max(r["uniform"] for r in runs))   # from 0: a drop is read at its size
         common.label(b1, "palindrome run: mean attention entropy (dotted: uniform)", "epoch",
-                     "entropy (nats)")
+                     "entropy (nats)", legend="lower left")
         common.label(b2, "palindrome run: largest |logit|", "epoch", "|logit| (unitless)", logy=True)
         common.save(fig, NAME, "training.png",
                     "Attention entropy and largest logit of the three attention layers on a fixed "

@@ -254,8 +254,9 @@ def _charts(m, config, figures):
     for i, beta in enumerate(config.betas):
         for ax, part in ((a3, 0), (a4, 1)):
             mean, se = common.mean_se(depth[L, beta][part])
-            ax.errorbar(np.arange(L + 1), mean, yerr=3 * se, fmt="-", lw=1, color=f"C{i}", alpha=0.9,
-                        label=f"α = L^-{beta:g}")
+            layers = np.arange(L + 1)
+            ax.plot(layers, mean, "-", lw=1.2, color=f"C{i}", label=f"α = L^-{beta:g}" if beta else "α = 1")
+            ax.fill_between(layers, np.maximum(mean - 3 * se, 1e-17), mean + 3 * se, color=f"C{i}", alpha=0.2)
     for ax, part in ((a3, 0), (a4, 1)):
         mean, _ = common.mean_se(pure[part])
         ax.plot(np.arange(len(mean)), np.maximum(mean, 1e-17) if part == 0 else mean, "ks:", ms=3,
@@ -266,7 +267,7 @@ def _charts(m, config, figures):
                  legend="lower left")
     a4.set_xscale("symlog", linthresh=1)
     common.label(a4, f"mean token cosine through L = {L} (±3 SE)", "layer l", "cosine (unitless)",
-                 legend="center right")
+                 legend="center left")
     common.save(fig, NAME, "rank_collapse.png",
                 "Top left: one attention layer applied to nearly equal tokens: the output's residual falls "
                 "as the cube of the input's, the gradient reaching W_Q as its square, the one reaching W_V "
@@ -279,10 +280,12 @@ def _charts(m, config, figures):
     for i, beta in enumerate(config.betas):
         stats = [common.mean_se(depth[Ld, beta][0][:, -1]) for Ld in config.depths]
         b1.errorbar(config.depths, [v for v, _ in stats], yerr=[3 * e for _, e in stats], fmt="o-",
-                    color=f"C{i}", capsize=3, label=f"α = L^-{beta:g}")
+                    color=f"C{i}", capsize=3, label=f"α = L^-{beta:g}" if beta else "α = 1")
     b1.axhline(float(depth[min(config.depths), config.betas[0]][0][:, 0].mean()), color="k", ls=":",
                lw=1, label="input res (mean)")
     b1.set_xscale("log")
+    b1.set_xticks(config.depths, [str(Ld) for Ld in config.depths])
+    b1.minorticks_off()
     common.label(b1, "output res against depth, same inputs at every L (±3 SE)", "depth L",
                  "res after the stack (unitless)", legend="lower left")
     common.save(fig, NAME, "depth_limit.png",
