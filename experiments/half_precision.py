@@ -480,12 +480,22 @@ def _charts(m, config, figures):
     b2.plot(e, [r["float32 |g| ≤ 2^-25"] for r in rows], "C0--", label="float32: |g| ≤ 2^-25 (prediction)")
     b2.plot(e, [r["float16 subnormal"] for r in rows], "C2s-", ms=3, label="float16: subnormal")
     b2.plot(e, [r["float16 non-finite"] for r in rows], "C3^-", ms=3, label="float16: non-finite")
+    # the tested points, float16 zeros against the prediction, with the paired (McNemar) ±3 SE
+    for weight, scale, marker in ((config.weight, 0, "D"), (config.small_weight, config.loss_scale, "*")):
+        (z16, _), (z32, _) = underflow_fractions(m, weight, scale)
+        _, se, _, _ = paired_zeros(m, weight, scale)
+        b2.errorbar([weight + scale], [z16], yerr=[3 * se], fmt=marker, color="k", ms=7, capsize=4, zorder=5,
+                    label=f"tested: e = {weight}" + (f", loss scale 2^{scale}" if scale else "")
+                    + " (±3 paired SE)")
     b2.axvline(config.small_weight, color="0.5", ls=":", lw=1)
-    b2.annotate("", xy=(config.small_weight + config.loss_scale, 0.5), xytext=(config.small_weight, 0.5),
+    b2.annotate("", xy=(config.small_weight + config.loss_scale, 0.3), xytext=(config.small_weight, 0.3),
                 arrowprops={"arrowstyle": "->", "color": "0.3"})
-    b2.text(config.small_weight + 0.3, 0.53, f"loss scale 2^{config.loss_scale}", fontsize=7)
+    b2.text(config.small_weight + 0.3, 0.4, f"loss scale 2^{config.loss_scale}", fontsize=7)
+    b2.set_yscale("symlog", linthresh=1e-3)   # linear below 0.1 %, logarithmic above: 0.02 is readable
+    b2.set_ylim(0, 1.5)
     common.label(b2, "float16 gradient elements of the model", "log2 of the upstream gradient e",
-                 "fraction of elements", legend="upper right")
+                 "fraction of elements (symlog)", legend=False)
+    b2.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))   # beside the data, not on it
     common.save(fig, NAME, "underflow.png",
                 f"Left: where the model's float32 gradients lie (one palindrome batch, initialisation). "
                 f"Right: float16 gradients that are zero, subnormal or non-finite as the loss's gradient "
