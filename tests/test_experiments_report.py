@@ -101,7 +101,8 @@ def test_every_kind_renders_its_label_and_only_reproduced_ones_count():
 def test_the_registry_names_every_run_once_and_all_runs_the_studies():
     names = [e.name for e in registry.in_all()]
     assert {"sqrt_d", "attention_scaling", "entropy_collapse", "depth", "rank_collapse",
-            "init_scale", "precision", "half_precision", "train", "generate", "schedule"} == set(names)
+            "init_scale", "precision", "half_precision", "train", "generate", "schedule",
+            "freezing"} == set(names)
     assert names.index("train") < names.index("generate")           # generate reads train's checkpoint
     assert len(registry.BY_NAME) == len(registry.ENTRIES)
 
