@@ -174,15 +174,16 @@ def exact(quantity, measured, predicted, source, *, kind="reproduced") -> Headli
                     "exact: measured = predicted", bool(measured == predicted), kind)
 
 
-def bound(quantity, measured, limit, source, rule, *, se=float("nan")) -> Headline:
-    """A one-sided bound or inequality, measured <= limit (the rule names what is maximised): the
-    Consistent kind; the rule states the margin, limit − measured, and the measurement's share of
-    the limit."""
-    margin = limit - measured
+def bound(quantity, measured, limit, source, rule, *, se=float("nan"), lower=False) -> Headline:
+    """A one-sided bound or inequality, measured <= limit (measured >= limit when lower; the rule
+    names what is maximised): the Consistent kind; the rule states the margin, limit − measured
+    (measured − limit when lower), and the measurement's share of the limit."""
+    margin = measured - limit if lower else limit - measured
     share = f", {measured / limit:.3g} of the limit" if limit not in (0, 0.0) and _finite(measured) else ""
-    return Headline(quantity, float(measured), float(se), f"≤ {limit:.4g}", 0.0, source,
-                    f"{rule}; margin limit − measured = {margin:.3g}{share}",
-                    bool(measured <= limit), kind="consistent")
+    return Headline(quantity, float(measured), float(se), f"{'≥' if lower else '≤'} {limit:.4g}", 0.0,
+                    source, f"{rule}; margin {'measured − limit' if lower else 'limit − measured'} = "
+                    f"{margin:.3g}{share}", bool(measured >= limit if lower else measured <= limit),
+                    kind="consistent")
 
 
 def shown(quantity, measured, se, note, source) -> Headline:

@@ -18,8 +18,14 @@ Gradients (Theorem 1).  Pre-norm's last block sees the read-out's gradient throu
 which divides by the root mean square of x_L: its |dW2| is predicted to scale as ms_L^(-1/2),
 i.e. the exponent of |dW2| against L is minus half that of the measured ms_L (Theorem 1's
 O(1/sqrt(L)) is the limit where ms_L grows linearly).  Post-norm's last block is predicted
-independent of L.  Rank collapse (the mean cosine between tokens) is drawn for every variant; its
-rate is the rank_collapse study's subject.
+independent of L (its final norm fixes the scale: an Identity).  Gradients across layers
+(Xiong et al. 2020, Fig. 3): at initialisation a Post-LN block's gradient norm grows with its
+layer index and a Pre-LN block's stays about the same; per trial the slope of log |grad_l| (all
+of block l's parameters, the deepest stack) against l, tested as inequalities: Post-LN's slope
+above 0 and above Pre-LN's (each beyond 3 SE).  Xiong et al.'s other finding, that Post-LN needs
+a learning-rate warm-up, is not tested: the lab's model is pre-norm only, and these stacks are not
+trained.  Rank collapse (the mean cosine between tokens) is drawn for every variant; its rate is
+the rank_collapse study's subject.
 
 Init (stated, as Xiong's lemma assumes Xavier-like weights): every weight N(0, 1/fan_in) -- W_Q,
 W_K, W_V (P x P) variance 1/P, W_O 1/D, W1 1/D, W2 1/F -- and zero biases; for the square
@@ -246,10 +252,35 @@ def _headlines(m, config):
                                  f"the final norm divides by sqrt(ms_L) (Xiong et al. 2020, Theorem 1: "
                                  f"→ −1/2); exponents {g_mean:.3f} ± {g_se:.2g} and "
                                  f"{p_mean:.3f} ± {p_se:.2g}", df=df))
+        heads.extend(_xiong_layers(m, config))
         heads.append(common.test("post-norm: exponent of the last block's |dW2| against L",
                                  *common.mean_se(_slopes(np.log(Ls), post["grad_last"])), 0.0,
                                  "Xiong et al. 2020, Theorem 1 (independent of L); the final norm "
                                  "fixes the scale, so it holds by construction", df=df, kind="identity"))
+    return heads
+
+
+def _xiong_layers(m, config):
+    """Xiong et al. 2020, Fig. 3: at initialisation the gradient norm of a Post-LN block grows with
+    its layer index, a Pre-LN block's stays about the same.  Per trial, the slope of log |grad_l|
+    (every parameter of block l, the deepest stack) against l; the two stacks are independent
+    draws, so their SEs combine as such."""
+    l = np.arange(1, config.max_depth + 1, dtype=float)
+    slope = {v: np.array([common.fit_slope(l, np.log(row))[0] for row in m[v, True]["trials"]["grad_layers"]])
+             for v in ("pre", "post")}
+    (post, post_se), (pre, pre_se) = common.mean_se(slope["post"]), common.mean_se(slope["pre"])
+    heads = [common.bound(f"post-norm: growth of the block gradient norm towards the output, slope of "
+                          f"log |grad_l| against l (L = {config.max_depth})", post, common.K_SIGMA * post_se,
+                          "Xiong et al. 2020, Fig. 3: Post-LN gradients grow with the layer index",
+                          "slope ≥ 3 SE: positive beyond its noise", se=post_se, lower=True),
+             common.shown(f"pre-norm: slope of log |grad_l| against l (L = {config.max_depth})", pre, pre_se,
+                          "about 0 (Xiong et al. 2020, Fig. 3: about the same at every layer)",
+                          "the final norm divides by the growing |x_L|, the identity paths pass it down")]
+    diff, diff_se = post - pre, math.hypot(post_se, pre_se)
+    heads.append(common.bound("post-norm minus pre-norm slope of log |grad_l| against l", diff,
+                              common.K_SIGMA * diff_se, "Xiong et al. 2020, Fig. 3: Post-LN's gradients "
+                              "lean towards the output more than Pre-LN's", "difference ≥ 3 SE",
+                              se=diff_se, lower=True))
     return heads
 
 

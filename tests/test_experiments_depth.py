@@ -33,8 +33,11 @@ def test_xiong_band_flat_post_norm_and_rank_collapse():
     assert direct_se < se                                     # the sharper estimator
     result = study.run(TINY)  # the whole study at this size, charts and files
     assert (common.RESULTS / "depth" / "data.csv").exists()
-    assert [h.kind for h in result.headlines] == ["reproduced"] * 3 + ["identity"]
-    assert all("t with 2 df" in h.rule for h in result.headlines)
+    assert [h.kind for h in result.headlines] == ["reproduced"] * 3 + ["consistent", "shown", "consistent",
+                                                                      "identity"]
+    assert all("t with 2 df" in h.rule for h in result.headlines if h.kind in ("reproduced", "identity"))
+    growth, _, lean = result.headlines[3:6]     # Xiong's Fig. 3 pattern: inequalities with margins
+    assert growth.predicted.startswith("≥") and "margin measured − limit" in lean.rule
 
 
 @pytest.mark.parametrize("variant", study.VARIANTS, ids=study.label_of)
