@@ -367,8 +367,8 @@ def _tables(m, config):
     lo, hi = xiong_band(l)
     rows = [{"l": int(i), "pre-norm |x_l|²/d": f"{m[('pre', True)]['ms'][0][i]:.4g} ± {m[('pre', True)]['ms'][1][i]:.2g}",
              "Lemma 2 band": f"[{lo[i]:g}, {hi[i]:g}]",
-             "token cosine, pre / post / no norm (residual)": " / ".join(
-                 f"{m[(n, True)]['cos'][0][i]:.3f}" for n in ("pre", "post", "none"))}
+             "token cosine ± SE, pre / post / no norm (residual)": " / ".join(
+                 f"{m[(n, True)]['cos'][0][i]:.3f} ± {m[(n, True)]['cos'][1][i]:.1g}" for n in ("pre", "post", "none"))}
             for i in l if i in (0, 1, 2, 4, 8, 12, 16, 24) or i == config.max_depth]
     grads = [{"L": L, "pre-norm last |dW2|": f"{m[('pre', True)]['grad_last'][0][j]:.4g} ± {m[('pre', True)]['grad_last'][1][j]:.2g}",
               "post-norm last |dW2|": f"{m[('post', True)]['grad_last'][0][j]:.4g} ± {m[('post', True)]['grad_last'][1][j]:.2g}"}

@@ -412,18 +412,23 @@ def _tables(m, config):
         row = {"n": n}
         for name in FORMATS:
             r = m["reductions"][name]
-            row[f"{name} half-format: mean / max (units of u)"] = \
-                f"{r['half'][i].mean() / U[name]:.3g} / {r['half'][i].max() / U[name]:.3g}"
+            mean, se = common.mean_se(r["half"][i] / U[name])
+            row[f"{name} half-format: mean ± SE / max (units of u)"] = \
+                f"{mean:.3g} ± {se:.2g} / {r['half'][i].max() / U[name]:.3g}"
             row[f"{name} γ_n / γ̃_n(λ = {LAMBDA:g}) (u)"] = \
                 (f"{gamma(n, U[name]) / U[name]:.3g}" if n * U[name] < 1 else "vacuous") + \
                 f" / {gamma_tilde(n, LAMBDA, U[name]) / U[name]:.3g}"
-            row[f"{name} lab kernel: mean / max (u)"] = \
-                f"{r['lab'][i].mean() / U[name]:.3f} / {r['lab'][i].max() / U[name]:.3f}"
+            mean, se = common.mean_se(r["lab"][i] / U[name])
+            row[f"{name} lab kernel: mean ± SE / max (u)"] = \
+                f"{mean:.3f} ± {se:.2g} / {r['lab'][i].max() / U[name]:.3f}"
         n_rows.append(row)
+    grads = [{**row, "zero − prediction ± paired SE": "{:.3g} ± {:.2g}".format(*paired_zeros(m, row["e"])[:2])}
+             for row in _grad_rows(m)]
     return [(f"dot products of n positive terms, relative error in units of each format's u "
              f"({config.trials} trials; u/(4 ln 2) = 0.361 u)", n_rows),
             (f"gradient elements of the article-size model, one palindrome batch, upstream "
-             f"gradient 2^e ({m['grads']['g32'].size} elements)", _grad_rows(m))]
+             f"gradient 2^e ({m['grads']['g32'].size} elements; the fractions are of all of them, the "
+             f"difference's SE is McNemar's)", grads)]
 
 
 def steps(x, y):
