@@ -213,4 +213,45 @@ def write_report(outcomes, seconds) -> pathlib.Path:
             + "\n".join(study_section(o) for o in outcomes) + "</body></html>")
     path = common.RESULTS / "report.html"
     common.atomic_write_text(path, page)
+    common.atomic_write_text(common.RESULTS / HEADLINES_MD, headlines_markdown(outcomes, seconds))
     return path
+
+
+# --- the headline table for docs/studies.md ----------------------------------------------------
+
+HEADLINES_MD = "headlines.md"   # written by `all` beside report.html; `docs` copies it into the docs
+DOCS_SECTION = "headlines"
+
+
+def _md(text) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def headlines_markdown(outcomes, seconds) -> str:
+    """Every headline of the run as a markdown table (kind, quantity, prediction, measurement
+    ± SE, outcome), after the run's count line: what `python -m experiments docs` puts into
+    docs/studies.md."""
+    heads = [h for o in outcomes for h in o.headlines]
+    failed = [o.name for o in outcomes if o.error]
+    lines = [f"`python -m experiments all`, {len(outcomes)} studies in {seconds:.1f} s"
+             + (f" ({', '.join(failed)} failed)" if failed else "") + f": {counts(heads)}.", "",
+             "| study | kind | quantity | predicted | measured ± SE | outcome |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for o in outcomes:
+        for h in o.headlines:
+            lines.append(f"| {o.name} | {common.KIND_NAMES[h.kind]} | {_md(h.quantity)} | "
+                         f"{_md(_pm(h.predicted, h.predicted_se))} | {_md(_pm(h.measured, h.measured_se))} | "
+                         f"{'**' + h.label + '**' if h.agrees is False else h.label} |")
+    return "\n".join(lines) + "\n"
+
+
+def update_docs(path="docs/studies.md") -> pathlib.Path:
+    """Copy the last run's headline table (results/headlines.md) into the docs' headlines
+    section."""
+    from checks import docs
+    source = common.RESULTS / HEADLINES_MD
+    if not source.exists():
+        raise FileNotFoundError(f"{source}: expected the table `python -m experiments all` writes; "
+                                "run it first")
+    docs.write_section(path, DOCS_SECTION, source.read_text())
+    return pathlib.Path(path)

@@ -68,6 +68,15 @@ def test_all_keeps_going_past_a_failure_and_writes_the_page(tmp_path, capsys, mo
     total = sum(h["kind"] == "reproduced" for h in written)
     assert (passed, total) == (2, 4)
     assert f"{passed}/{total} reproduced, 2/2 bounds consistent, 2/2 identities hold (not counted), 2 shown" in page
+    # the same table in markdown, for docs/studies.md (`python -m experiments docs PATH`)
+    table = (tmp_path / report.HEADLINES_MD).read_text()
+    assert f"{passed}/{total} reproduced" in table and "(broken failed)" in table
+    assert "| alpha | Reproduced | alpha quantity | 1 | 1.25 ± 0.05 | **Not reproduced** |" in table
+    assert "| omega | Identity | omega sampler |" in table
+    doc = tmp_path / "studies.md"
+    doc.write_text("before\n<!-- begin: headlines -->\nSTALE TABLE\n<!-- end: headlines -->\nafter\n")
+    assert cli.main(["docs", str(doc)]) == 0
+    assert "| alpha | Consistent | alpha bounded |" in doc.read_text() and "STALE TABLE" not in doc.read_text()
     assert "≤ 3.00 × combined SE" in page and "<td>0.5</td>" in page            # rule, HTML table
     assert "<p>Its protocol, in prose.</p>" in page
     assert "the caption of alpha" in page and page.count("data:image/png;base64,") == 2
