@@ -79,7 +79,8 @@ def counts(heads) -> str:
     """"R/N reproduced" (the Reproduced kind only, the one count of results), then the other
     kinds: consistent bounds, identities (not counted) and shown numbers, where there are any."""
     t = common.tally(heads)
-    text = f"{t['reproduced'][0]}/{t['reproduced'][1]} reproduced"
+    text = (f"{t['reproduced'][0]}/{t['reproduced'][1]} reproduced" if t["reproduced"][1]
+            else "no result to reproduce")
     if t["consistent"][1]:
         text += f", {t['consistent'][0]}/{t['consistent'][1]} bounds consistent"
     if t["identity"][1]:

@@ -172,9 +172,9 @@ def _headlines(rows, timing, config):
                               "closed form n − 3/n + 2/n² (exact)"))
         heads.append(common.test(f"mean of mean^2, n = {n}", r["mean_sq"], r["mean_sq_se"],
                               r["mean_sq_theory"], "closed form (n − 1)/n² (exact)"))
-        heads.append(common.test(f"|mean| of the product, n = {n}", r["abs_mean"], r["abs_mean_se"],
-                                 r["abs_mean_theory"], "closed form (2/(n√π)) Γ(n/2)/Γ((n − 1)/2) "
-                                 "(exact)"))
+        heads.append(common.test(f"E|mean| of the product against its exact form, n = {n}", r["abs_mean"],
+                                 r["abs_mean_se"], r["abs_mean_theory"],
+                                 "closed form (2/(n√π)) Γ(n/2)/Γ((n − 1)/2) (exact)"))
     return heads
 
 
