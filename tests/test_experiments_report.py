@@ -159,3 +159,20 @@ def test_the_product_cites_only_itself():
     found = [f"{path.relative_to(root)}: {line.strip()}" for path in files
              for line in path.read_text().splitlines() if pattern.search(line)]
     assert not found, found
+
+
+def test_the_docs_headline_table_counts_what_it_lists():
+    """docs/studies.md's generated table (python -m experiments docs): its count line is the
+    number of Reproduced rows that passed, of all Reproduced rows, as listed below it."""
+    import pathlib
+    import re
+    from checks import docs
+    table = docs.section(pathlib.Path(__file__).parents[1] / "docs" / "studies.md", report.DOCS_SECTION)
+    rows = [[c.strip() for c in line.strip("|").split(" | ")] for line in table.splitlines()
+            if line.startswith("| ") and not line.startswith("| study") and not line.startswith("| ---")]
+    assert rows, "the headlines section is empty: run `python -m experiments all` then `docs`"
+    kinds = [r[1] for r in rows]
+    assert set(kinds) <= {"Reproduced", "Consistent", "Identity", "Shown"}
+    passed = sum(k == "Reproduced" and r[-1] == "Reproduced" for k, r in zip(kinds, rows))
+    stated = re.search(r"(\d+)/(\d+) reproduced", table.splitlines()[0])
+    assert stated and (int(stated[1]), int(stated[2])) == (passed, kinds.count("Reproduced"))
