@@ -29,10 +29,15 @@ With QK-norm |q^| = |k^| = sqrt(d), so the logits stay within +- sqrt(d) whateve
 queries and keys of independent isotropic directions their mean square is exactly 1 (E (u.v)^2 =
 |u|^2 |v|^2 / d) at every scale: an Identity of the normalisation, not a result.
 
-Not tested here (the lab's scale and model cannot show it): Wortsman et al. 2023's observations
-that attention logits grow and the loss diverges as the learning rate rises, and that
-QK-layernorm prevents it, concern models of 10^7-10^9 parameters trained at high learning rates;
-the lab's model has no QK-layernorm, and its sweep here uses random weights, not training.
+Learning rates (Wortsman et al. 2023 observe, in models of 10^7-10^9 parameters, that attention
+logits grow and training diverges as the learning rate rises, and that QK-layernorm prevents it).
+At the lab's scale: the palindrome run for a few epochs at each of several peak rates; after the
+last epoch each attention layer's mean entropy and largest logit on the validation batch, and the
+losses.  Tested as an inequality: the runs that fail (valid loss above 1 nat) have a smaller
+lowest-layer entropy than every run that learns; the logit growth is shown.  Not tested: the
+QK-layernorm remedy (the lab's model has no QK-norm; the random-weight sweep above has one, but
+there the norm removes lambda by construction) and divergence to infinity (the failed runs stall
+near the loss of guessing, they do not blow up).
 
 Training.  The article's palindrome run (float32, seed 0) is trained again and after every epoch
 the attention rows of a fixed validation batch are read from the model's caches: mean entropy
@@ -63,11 +68,17 @@ class Config:
     scales: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)  # logit scales lambda
     train_epochs: int = 10         # epochs of the palindrome run whose attention is tracked (0: skip)
     train_dtype: str = "float32"   # floating-point type of that run
+    sweep_rates: tuple[float, ...] = (0.003, 0.01, 0.03, 0.1, 0.3)  # peak learning rates of the rate sweep (empty: skip)
+    sweep_epochs: int = 3          # epochs of each rate-sweep run
     seed: int = 0                  # seed of every draw
 
     def __post_init__(self):
         common.validate(self, ints={"width": 2, "keys": 2, "draws": 2, "seed": 0})
         common.check_int("train_epochs", self.train_epochs, 0)
+        common.check_int("sweep_epochs", self.sweep_epochs, 1)
+        if any(not (isinstance(r, float) and r > 0) for r in self.sweep_rates) \
+                or list(self.sweep_rates) != sorted(self.sweep_rates):
+            raise ValueError(f"sweep_rates: expected increasing positive rates, got {self.sweep_rates}")
         if not self.scales or any(s <= 0 for s in self.scales) or list(self.scales) != sorted(self.scales):
             raise ValueError(f"scales: expected increasing positive logit scales, got {self.scales}")
         if self.train_dtype not in ("float32", "float64"):
@@ -187,19 +198,44 @@ def attention_layers(params, embedding, src, tgt):
             nk = np.linalg.norm(c.xkv_h.reshape(H, B, S, P), axis=-1).max(axis=-1)  # (H, B)
             delta = 2 * spec[:, None, None] * nq * nk[:, :, None]                  # (H, B, T)
             ent, bound = row_entropy(c.a.astype(np.float64)), min_entropy(delta, S)  # (H, B, T) each
-            margin = (float((ent - bound).min()), float((bound / ent).max()))
+            # an entropy of 0 has a bound of 0 too: the ratio is then 0, not 0/0
+            margin = (float((ent - bound).min()), float((bound / np.maximum(ent, 1e-300)).max()))
         out[name] = (c.a.astype(np.float64), logits, margin)
     return out
+
+
+def validation_batch(tcfg):
+    """The first validation batch of a training config's data: (src, tgt)."""
+    data = tasks.make_dataset(tcfg.task, batches=tcfg.batches, batch=tcfg.batch, T=tcfg.max_tokens,
+                              seed=tcfg.seed)
+    _, valid = tasks.split(data, valid_fraction=tcfg.valid_fraction, seed=tcfg.seed)
+    return valid[0, 0], valid[0, 1]
+
+
+def rate_sweep(config):
+    """Wortsman et al. 2023's sweep at the lab's scale: the palindrome run (no QK-norm: the lab's
+    model has none) at each peak rate for sweep_epochs; after the last epoch, per attention layer,
+    the mean entropy and the largest |logit| of the validation batch, with the losses.  One row
+    per (rate, layer)."""
+    rows = []
+    for rate in common.progress(config.sweep_rates, desc=f"{NAME} rates"):
+        tcfg = train.Config(epochs=config.sweep_epochs, dtype=config.train_dtype, seed=config.seed,
+                            start_rate=rate)
+        src, tgt = validation_batch(tcfg)
+        fit = train.fit(tcfg, common.results_dir(NAME) / "checkpoint-sweep.npz")
+        last = fit.history[-1]
+        for name, (a, logits, _) in attention_layers(fit.params, fit.embedding, src, tgt).items():
+            rows.append({"rate": rate, "layer": name, "entropy": float(row_entropy(a).mean()),
+                         "max_logit": float(np.abs(np.where(a > 0, logits, 0)).max()),
+                         "train_loss": last["train_loss"], "valid_loss": last["valid_loss"]})
+    return rows
 
 
 def track_training(config):
     """Train the article's palindrome run; after each epoch, the attention statistics of a fixed
     validation batch.  Returns one row per (epoch, layer)."""
     tcfg = train.Config(epochs=config.train_epochs, dtype=config.train_dtype, seed=config.seed)
-    data = tasks.make_dataset(tcfg.task, batches=tcfg.batches, batch=tcfg.batch, T=tcfg.max_tokens,
-                              seed=tcfg.seed)
-    _, valid = tasks.split(data, valid_fraction=tcfg.valid_fraction, seed=tcfg.seed)
-    src, tgt = valid[0, 0], valid[0, 1]
+    src, tgt = validation_batch(tcfg)
     path = common.results_dir(NAME) / "checkpoint.npz"
     embedding = model.embedding_table(tcfg.model_config(), np.dtype(tcfg.dtype))
     rows = []
@@ -224,7 +260,8 @@ def track_training(config):
 
 def measure(config):
     rng = np.random.default_rng(config.seed)
-    return sweep(rng, config), (track_training(config) if config.train_epochs else [])
+    return (sweep(rng, config), track_training(config) if config.train_epochs else [],
+            rate_sweep(config) if config.sweep_rates else [])
 
 
 # --- headlines, tables, charts ----------------------------------------------------------------
@@ -241,7 +278,7 @@ def extremal_rows(n, spans):
 
 
 def _headlines(m, config):
-    grid, runs = m
+    grid, runs, rates = m
     n = config.keys
     plain = [grid[lam, False] for lam in config.scales]
     margins = np.concatenate([g["margin"] for g in plain])
@@ -279,6 +316,40 @@ def _headlines(m, config):
         heads.append(common.shown("palindrome run, after training: mean entropy / uniform, over the "
                                   "attention layers", ratio, float("nan"), "no published number for "
                                   "this run", "Zhai et al. 2023 (collapse in unstable runs)"))
+    if rates:
+        heads += _rate_headlines(rates, config)
+    return heads
+
+
+FAILED_LOSS = 1.0  # nats: a rate-sweep run whose valid loss stays above this has not learnt the task
+
+
+def _rate_headlines(rates, config):
+    """Wortsman et al. 2023 at the lab's scale: the smallest attention entropy of the runs that
+    fail against that of the runs that learn (an inequality), and the logit growth (shown)."""
+    by_rate = {}
+    for r in rates:
+        by_rate.setdefault(r["rate"], []).append(r)
+    low = {rate: min(r["entropy"] for r in rs) for rate, rs in by_rate.items()}      # per run
+    failed = [rate for rate, rs in by_rate.items() if rs[0]["valid_loss"] > FAILED_LOSS]
+    learnt = [rate for rate in by_rate if rate not in failed]
+    heads = []
+    if failed and learnt:
+        heads.append(common.bound(f"rate sweep ({config.sweep_epochs} epochs): smallest layer entropy of the "
+                                  f"runs that fail (valid loss > {FAILED_LOSS:g} nat: rates "
+                                  f"{', '.join(f'{r:g}' for r in failed)}) below that of every run that learns",
+                                  max(low[r] for r in failed), min(low[r] for r in learnt),
+                                  "Zhai et al. 2023, Wortsman et al. 2023: low attention entropy goes with "
+                                  "unstable training", "largest failed-run entropy ≤ smallest learnt-run entropy"))
+    article = train.Config().start_rate          # the article's peak rate, when the sweep has it
+    top, ref = max(by_rate), article if article in by_rate else min(by_rate)
+    biggest = {rate: max(r["max_logit"] for r in rs) for rate, rs in by_rate.items()}
+    heads.append(common.shown(f"rate sweep: largest attention logit at rate {top:g} over that at rate {ref:g}",
+                              biggest[top] / biggest[ref], float("nan"), "Wortsman et al. 2023: attention "
+                              "logits grow with the learning rate (no number at this scale)",
+                              f"valid loss {by_rate[top][0]['valid_loss']:.3g} against "
+                              f"{by_rate[ref][0]['valid_loss']:.3g}; QK-layernorm not tested (the lab's "
+                              "model has none)"))
     return heads
 
 
@@ -287,7 +358,7 @@ def _pm(mean_se):
 
 
 def _tables(m, config):
-    grid, runs = m
+    grid, runs, rates = m
     rows = []
     for lam in config.scales:
         row = {"λ": lam}
@@ -303,11 +374,14 @@ def _tables(m, config):
     out = [(f"logit-scale sweep, d = {config.width}, n = {config.keys} ({config.draws} draws, ± SE)", rows)]
     if runs:
         out.append(("palindrome run: attention per layer and epoch (validation batch)", runs))
+    if rates:
+        out.append((f"rate sweep: attention after {config.sweep_epochs} epochs per peak rate (validation "
+                    "batch, one run each)", rates))
     return out
 
 
 def _charts(m, config, figures):
-    grid, runs = m
+    grid, runs, rates = m
     lam = np.array(config.scales)
     fig, axes = common.figure(3, width=4.6)
     for i, qk in enumerate((False, True)):
@@ -341,14 +415,37 @@ def _charts(m, config, figures):
                     "Attention entropy and largest logit of the three attention layers on a fixed "
                     "validation batch, after each epoch of the article's palindrome run (epoch 0: the "
                     "initialisation).", figures)
+    if rates:
+        fig, (c1, c2) = common.figure(2, width=5.4)
+        layers = list(dict.fromkeys(r["layer"] for r in rates))
+        for i, layer in enumerate(layers):
+            rs = [r for r in rates if r["layer"] == layer]
+            c1.plot([r["max_logit"] for r in rs], [r["entropy"] for r in rs], "o-", color=f"C{i}", label=layer)
+            for r in rs:
+                c1.annotate(f"{r['rate']:g}", (r["max_logit"], r["entropy"]), fontsize=6,
+                            textcoords="offset points", xytext=(3, 3))
+        c1.set_ylim(bottom=0)
+        common.label(c1, "entropy against the largest logit (labels: peak rate)", "largest |logit| (unitless)",
+                     "mean entropy (nats)", logx=True, legend="lower left")
+        losses = {r["rate"]: r["valid_loss"] for r in rates}
+        c2.plot(list(losses), list(losses.values()), "ko-", label=f"valid loss after {config.sweep_epochs} epochs")
+        c2.axhline(FAILED_LOSS, color="C3", ls=":", lw=1, label=f"{FAILED_LOSS:g} nat: not learnt")
+        common.label(c2, "palindrome run against the peak rate", "peak learning rate", "valid loss (nats)",
+                     logx=True, logy=True, legend="upper left")
+        common.save(fig, NAME, "rates.png",
+                    f"The palindrome run (no QK-norm) for {config.sweep_epochs} epochs at each peak rate. Left: "
+                    "each attention layer's mean entropy against its largest logit on the validation batch; "
+                    "right: the valid loss. Past a rate the logits grow by orders of magnitude, the entropy "
+                    "collapses and the run stops learning, as Wortsman et al. observe in large models.",
+                    figures)
 
 
 def _rows(m, config):
-    grid, runs = m
+    grid, runs, rates = m
     rows = [{"part": "sweep", "scale": lam, "qk_norm": qk, "draw": i,
              **{k: float(v[i]) for k, v in q.items() if len(v)}}
             for (lam, qk), q in grid.items() for i in range(config.draws)]
-    return rows + [{"part": "training", **r} for r in runs]
+    return rows + [{"part": "training", **r} for r in runs] + [{"part": "rate sweep", **r} for r in rates]
 
 
 def run(config: Config) -> common.Result:

@@ -24,7 +24,7 @@ class Entry(NamedTuple):
 ENTRIES = (
     Entry("sqrt_d", "experiments.sqrt_d", seconds=28.9),
     Entry("attention_scaling", "experiments.attention_scaling", seconds=32.0),
-    Entry("entropy_collapse", "experiments.entropy_collapse", seconds=23.0),
+    Entry("entropy_collapse", "experiments.entropy_collapse", seconds=35.0),
     Entry("depth", "experiments.depth", seconds=9.5),
     Entry("rank_collapse", "experiments.rank_collapse", seconds=3.0),
     Entry("freezing", "experiments.freezing", seconds=4.0),

@@ -34,7 +34,8 @@ def test_entropy_bound_is_the_smallest_entropy_over_the_range():
 
 
 def test_entropy_collapse_tiny():
-    config = entropy_collapse.Config(width=8, keys=8, draws=4, scales=(0.5, 8.0, 64.0), train_epochs=0)
+    config = entropy_collapse.Config(width=8, keys=8, draws=4, scales=(0.5, 8.0, 64.0), train_epochs=0,
+                                     sweep_rates=())
     result = entropy_collapse.run(config)
     kinds = [h.kind for h in result.headlines]
     assert kinds == ["consistent", "identity", "shown", "identity"], kinds
@@ -42,6 +43,23 @@ def test_entropy_collapse_tiny():
     rows = {(r["scale"], r["qk_norm"]): r for r in result.rows if r["draw"] == 0}
     assert rows[64.0, False]["entropy"] < rows[0.5, False]["entropy"]          # collapse
     assert rows[64.0, True]["entropy"] == pytest.approx(rows[0.5, True]["entropy"], rel=1e-6)
+
+
+def test_rate_sweep_headlines_compare_failed_and_learnt_runs():
+    config = entropy_collapse.Config(sweep_rates=(0.01, 0.1, 0.3))
+
+    def rows(rate, loss, entropies, logit):
+        return [{"rate": rate, "layer": f"l{i}", "entropy": e, "max_logit": logit, "train_loss": loss,
+                 "valid_loss": loss} for i, e in enumerate(entropies)]
+    rates = rows(0.01, 0.01, (2.7, 1.7), 30.0) + rows(0.1, 1.8, (2.5, 0.1), 900.0) + rows(0.3, 2.2, (0.4, 0.05), 2e5)
+    inequality, growth = entropy_collapse._rate_headlines(rates, config)
+    assert inequality.kind == "consistent" and inequality.agrees and inequality.measured == 0.1
+    assert growth.kind == "shown" and growth.measured == pytest.approx(2e5 / 30.0)   # against the article's 0.01
+    # a failed run whose entropy stayed high breaks the inequality
+    rates = rows(0.01, 0.01, (2.7, 1.7), 30.0) + rows(0.1, 1.8, (2.5, 2.0), 900.0) + rows(0.3, 2.2, (0.4, 0.05), 2e5)
+    assert not entropy_collapse._rate_headlines(rates, config)[0].agrees
+    with pytest.raises(ValueError, match="sweep_rates: expected"):
+        entropy_collapse.Config(sweep_rates=(0.1, 0.01))
 
 
 def test_rank_collapse_tiny():
