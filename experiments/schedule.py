@@ -124,10 +124,12 @@ def run(config: Config) -> common.Result:
     common.write_csv(out / "epochs.csv", [{"schedule": s, "seed": seed, **row}
                                           for (s, seed), f in fits.items() for row in f.history])
     figures = []
-    plot(config, {s: fits[s, config.seed] for s in ("intended", "article")}, out / "loss_and_rate.png")
+    plot(config, {s: fits[s, config.seed] for s in ("intended", "article")}, out / "loss_and_rate.png",
+         others=[fits["article", seed] for seed in seeds if seed != config.seed])
     figures.append((out / "loss_and_rate.png",
                     f"Seed {config.seed}: loss per step (faint) and valid loss per epoch under both "
-                    "schedules (left); the rate each schedule applied (right), with the article's "
+                    "schedules, the article's schedule's other seeds as thin lines, and the article's "
+                    "printed losses (left); the rate each schedule applied (right), with the article's "
                     "formula as it would run with a global step (dashed), which turns negative."))
     final = {s: np.array([fits[s, seed].history[-1]["valid_loss"] for seed in seeds if (s, seed) in fits])
              for s in ("intended", "article")}
@@ -159,9 +161,12 @@ def run(config: Config) -> common.Result:
                          extra={"fits": fits})
 
 
-def plot(config, fits, path):
+def plot(config, fits, path, others=()):
     plt = common.pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.2))
+    for i, fit in enumerate(others):     # the seed spread of the article's schedule
+        left.plot([h["epoch"] * config.steps for h in fit.history], [h["valid_loss"] for h in fit.history],
+                  "-", color="C3", lw=0.7, alpha=0.5, label="article: other seeds, valid" if i == 0 else None)
     for (name, fit), color in zip(fits.items(), ("C0", "C3")):
         steps = [s["step"] + 1 for s in fit.steps]
         left.plot(steps, [s["loss"] for s in fit.steps], color=color, lw=0.5, alpha=0.45)
