@@ -68,7 +68,7 @@ class Config:
     scales: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)  # logit scales lambda
     train_epochs: int = 10         # epochs of the palindrome run whose attention is tracked (0: skip)
     train_dtype: str = "float32"   # floating-point type of that run
-    sweep_rates: tuple[float, ...] = (0.003, 0.01, 0.03, 0.1, 0.3)  # peak learning rates of the rate sweep (empty: skip)
+    sweep_rates: tuple[float, ...] = (0.01, 0.03, 0.1, 0.3)  # peak learning rates of the rate sweep (empty: skip)
     sweep_epochs: int = 3          # epochs of each rate-sweep run
     seed: int = 0                  # seed of every draw
 
