@@ -1,4 +1,4 @@
-"""python -m experiments NAME [--option value ...] | all [--jobs N] | list
+"""python -m experiments NAME [--option value ...] | all [--jobs N] | docs [PATH] | list
 
 Every run of experiments.registry is a command; the fields of its Config are its options, with
 the field's documentation as help, the enumerations' choices, --x / --no-x for switches and the
@@ -174,6 +174,10 @@ def main(argv=None) -> int:
         if name == "all":
             from experiments import report
             return report.run_all(registry.in_all(), jobs=all_parser().parse_args(rest).jobs)
+        if name == "docs":   # the last `all`'s headline table into docs/studies.md
+            from experiments import report
+            print(f"wrote the headlines section of {report.update_docs(*rest[:1])}")
+            return 0
         run_study(registry.get(name), rest)
         return 0
     except (ValueError, TypeError, FileNotFoundError) as exc:

@@ -52,16 +52,32 @@ class Result:
     extra: dict = dataclasses.field(default_factory=dict)
 
 
-# --- headlines: stated tests ------------------------------------------------------------------
+# --- headlines: stated tests, each of one kind ---------------------------------------------
+
+# What a headline claims, and how the report names its outcome (passed, failed).  Only the
+# Reproduced kind counts as a result of the lab; the others are printed with their kind.
+KINDS = {
+    "reproduced": ("Reproduced", "Not reproduced"),   # a published or derived number matched by a
+                                                      # two-sided test that could fail
+    "consistent": ("Consistent", "Inconsistent"),     # a bound or inequality held, with its margin
+    "identity": ("Identity holds", "Identity FAILS"), # a sampler or algebraic check: kept in the
+                                                      # tests, not counted as a result
+    "shown": ("Shown", "Shown"),                      # measured and displayed, not judged
+}
+KIND_NAMES = {"reproduced": "Reproduced", "consistent": "Consistent", "identity": "Identity",
+              "shown": "Shown"}
+
 
 @dataclasses.dataclass(frozen=True)
 class Headline:
     """One comparison: prediction (with its uncertainty), measurement (with its standard error),
-    the rule in words and its outcome.
+    the rule in words, its outcome and its kind (KINDS).
 
-    kind: "test" (two-sided: |measured - predicted| within the rule's multiple of the combined
-    standard error), "bound" (a theorem's one-sided bound, labelled as such) or "shown" (no
-    quantitative expectation: measured and displayed, agrees is None)."""
+    kind: "reproduced" (two-sided: a published or derived number, |measured − predicted| within
+    the rule's multiple of the combined standard error, or exactly equal for a count or a format's
+    threshold), "consistent" (a bound or inequality; the rule states the margin), "identity" (a
+    property of the sampler or the algebra, true for correct code whatever the physics: checked,
+    never counted) or "shown" (no quantitative expectation: agrees is None)."""
     quantity: str
     measured: float
     measured_se: float
@@ -70,16 +86,42 @@ class Headline:
     source: str
     rule: str
     agrees: bool | None
-    kind: str = "test"
+    kind: str = "reproduced"
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"kind: expected one of {', '.join(KINDS)}, got {self.kind!r}")
+        if (self.kind == "shown") != (self.agrees is None):
+            raise ValueError(f"agrees: expected None exactly for the shown kind, got {self.agrees!r} "
+                             f"for kind {self.kind!r}")
+
+    @property
+    def label(self) -> str:
+        """The outcome in words: "Reproduced", "Not reproduced", "Consistent", "Identity holds"..."""
+        passed, failed = KINDS[self.kind]
+        return passed if self.agrees is not False else failed
+
+    @property
+    def counted(self) -> bool:
+        """Whether the headline is a result the summary counts (the Reproduced kind only)."""
+        return self.kind == "reproduced"
 
     def sentence(self) -> str:
         """One sentence for the report's summary."""
-        verdict = {True: "Reproduced", False: "Not reproduced", None: "Shown"}[self.agrees]
         se = f" ± {self.measured_se:.3g}" if _finite(self.measured_se) and self.measured_se > 0 else ""
         pred = (f"{self.predicted:.4g}" + (f" ± {self.predicted_se:.2g}" if self.predicted_se else "")
                 if isinstance(self.predicted, (int, float)) else str(self.predicted))
-        return (f"{verdict}: {self.quantity} — measured {self.measured:.4g}{se}, "
+        return (f"{self.label}: {self.quantity} — measured {self.measured:.4g}{se}, "
                 f"{'expected' if self.kind != 'shown' else 'for reference'} {pred} ({self.source}).")
+
+
+def tally(heads) -> dict:
+    """How many headlines of each kind passed, and of how many: {kind: (passed, total)}."""
+    out = {}
+    for kind in KINDS:
+        of_kind = [h for h in heads if h.kind == kind]
+        out[kind] = (sum(h.agrees is not False for h in of_kind), len(of_kind))
+    return out
 
 
 def _finite(x) -> bool:
@@ -97,9 +139,10 @@ def t_multiplier(df, k=K_SIGMA) -> float:
 
 
 def test(quantity, measured, se, predicted, source, *, predicted_se=0.0, df=None,
-         k=K_SIGMA) -> Headline:
+         k=K_SIGMA, kind="reproduced") -> Headline:
     """Two-sided: |measured - predicted| <= m sqrt(se^2 + predicted_se^2), m = k or its t
-    equivalent for df degrees of freedom."""
+    equivalent for df degrees of freedom.  kind: "reproduced", or "identity" for a property of
+    the sampler or the algebra."""
     m = t_multiplier(df, k)
     combined = math.hypot(se, predicted_se)
     ok = abs(measured - predicted) <= m * combined
@@ -107,31 +150,40 @@ def test(quantity, measured, se, predicted, source, *, predicted_se=0.0, df=None
     dof = f", t with {df} df" if df is not None and df < 1000 else ""
     rule = (f"|measured − predicted| ≤ {m:.2f} × combined SE {combined:.2g}{dof} "
             f"(here {z:.2f} SE)")
+    if ok and z > k:  # within the t band only: say so, the test is weak there
+        rule += f"; beyond {k:g} SE, it passes only through t with {df} df"
     return Headline(quantity, float(measured), float(se), float(predicted), float(predicted_se),
-                    source, rule, bool(ok))
+                    source, rule, bool(ok), kind)
 
 
-def in_interval(quantity, measured, se, lo, hi, source, *, df=None, k=K_SIGMA) -> Headline:
+def in_interval(quantity, measured, se, lo, hi, source, *, df=None, k=K_SIGMA,
+                kind="reproduced") -> Headline:
     """Two-sided interval: lo - m se <= measured <= hi + m se (a prediction given as a range)."""
     m = t_multiplier(df, k)
     ok = lo - m * se <= measured <= hi + m * se
     rule = (f"{lo:.4g} − {m:.2f} SE ≤ measured ≤ {hi:.4g} + {m:.2f} SE (SE {se:.2g})" if se > 0
             else f"{lo:.4g} ≤ measured ≤ {hi:.4g}")
     return Headline(quantity, float(measured), float(se), f"[{lo:.4g}, {hi:.4g}]", 0.0, source,
-                    rule, bool(ok))
+                    rule, bool(ok), kind)
 
 
-def exact(quantity, measured, predicted, source) -> Headline:
+def exact(quantity, measured, predicted, source, *, kind="reproduced") -> Headline:
     """An exact prediction (a format's threshold, a count that must be 0): measured == predicted,
     no standard error and no tolerance."""
     return Headline(quantity, float(measured), 0.0, float(predicted), 0.0, source,
-                    "exact: measured = predicted", bool(measured == predicted))
+                    "exact: measured = predicted", bool(measured == predicted), kind)
 
 
-def bound(quantity, measured, limit, source, rule) -> Headline:
-    """A theorem's one-sided bound: measured <= limit (the rule names what is maximised)."""
-    return Headline(quantity, float(measured), float("nan"), f"≤ {limit:.4g}", 0.0, source,
-                    rule, bool(measured <= limit), kind="bound")
+def bound(quantity, measured, limit, source, rule, *, se=float("nan"), lower=False) -> Headline:
+    """A one-sided bound or inequality, measured <= limit (measured >= limit when lower; the rule
+    names what is maximised): the Consistent kind; the rule states the margin, limit − measured
+    (measured − limit when lower), and the measurement's share of the limit."""
+    margin = measured - limit if lower else limit - measured
+    share = f", {measured / limit:.3g} of the limit" if limit not in (0, 0.0) and _finite(measured) else ""
+    return Headline(quantity, float(measured), float(se), f"{'≥' if lower else '≤'} {limit:.4g}", 0.0,
+                    source, f"{rule}; margin {'measured − limit' if lower else 'limit − measured'} = "
+                    f"{margin:.3g}{share}", bool(measured >= limit if lower else measured <= limit),
+                    kind="consistent")
 
 
 def shown(quantity, measured, se, note, source) -> Headline:

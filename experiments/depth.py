@@ -18,8 +18,14 @@ Gradients (Theorem 1).  Pre-norm's last block sees the read-out's gradient throu
 which divides by the root mean square of x_L: its |dW2| is predicted to scale as ms_L^(-1/2),
 i.e. the exponent of |dW2| against L is minus half that of the measured ms_L (Theorem 1's
 O(1/sqrt(L)) is the limit where ms_L grows linearly).  Post-norm's last block is predicted
-independent of L.  Rank collapse (the mean cosine between tokens) is drawn for every variant; its
-rate is the rank_collapse study's subject.
+independent of L (its final norm fixes the scale: an Identity).  Gradients across layers
+(Xiong et al. 2020, Fig. 3): at initialisation a Post-LN block's gradient norm grows with its
+layer index and a Pre-LN block's stays about the same; per trial the slope of log |grad_l| (all
+of block l's parameters, the deepest stack) against l, tested as inequalities: Post-LN's slope
+above 0 and above Pre-LN's (each beyond 3 SE).  Xiong et al.'s other finding, that Post-LN needs
+a learning-rate warm-up, is not tested: the lab's model is pre-norm only, and these stacks are not
+trained.  Rank collapse (the mean cosine between tokens) is drawn for every variant; its rate is
+the rank_collapse study's subject.
 
 Init (stated, as Xiong's lemma assumes Xavier-like weights): every weight N(0, 1/fan_in) -- W_Q,
 W_K, W_V (P x P) variance 1/P, W_O 1/D, W1 1/D, W2 1/F -- and zero biases; for the square
@@ -125,7 +131,7 @@ def token_cosine(x):
 def stack_forward(x, blocks, norm, res, trace=None):
     """x (B, T, D) through every block: the states after each block (L + 1 of them, x first) and
     the caches of every sublayer in order.  trace, a list, receives per feed-forward sublayer
-    (|x|^2/d before it, |x + FF|^2/d before any post-norm)."""
+    (|x|^2/d before it, |x + FF|^2/d before any post-norm, |FF|^2/d of its own output)."""
     states, caches = [x], []
     for block in blocks:
         for layer in block:
@@ -135,7 +141,7 @@ def stack_forward(x, blocks, norm, res, trace=None):
             if trace is not None and layer[0] is kernels.ff_forward and res:
                 y = layer[0](kernels.rms_norm_forward(before, {})[0] if norm == "pre" else before,
                              layer[2])[0]                          # (B, T, D) FF's own output
-                trace.append((mean_square(before), mean_square(before + y)))
+                trace.append((mean_square(before), mean_square(before + y), mean_square(y)))
         states.append(x)
     return states, caches
 
@@ -184,7 +190,7 @@ def one_trial(rng, config, variant):
     return (np.array([mean_square(s) for s in states]),         # (max_depth + 1,)
             np.array([token_cosine(s) for s in states]),        # (max_depth + 1,)
             grad_layers, np.array([grad_last[L] for L in config.grad_depths]),  # (max_depth,), (Ls,)
-            np.array(trace).reshape(-1, 2))                         # (FF sublayers, 2)
+            np.array(trace).reshape(-1, 3))                         # (FF sublayers, 3)
 
 
 def xiong_band(l):
@@ -220,10 +226,13 @@ def _slopes(logL, y):
 def _headlines(m, config):
     heads, df = [], config.trials - 1
     pre, post = m[("pre", True)]["trials"], m[("post", True)]["trials"]
-    inc = (pre["ff"][:, :, 1] - pre["ff"][:, :, 0]).mean(axis=1)          # (trials,) mean FF increment
-    heads.append(common.test("pre-norm: |x|²/d added by each feed-forward sublayer", *common.mean_se(inc),
-                             FF_INCREMENT, "(1 + a²)/2 for the leaky ReLU, a = 0.1 (exact, zero-mean "
-                             "cross term); Xiong et al. 2020, Lemma 2's mechanism", df=df))
+    # the increment |x + FF|² − |x|² is |FF|² plus a zero-mean cross term 2 x·FF that only adds
+    # noise: the FF output's own mean square estimates the same (1 + a²)/2 several times sharper
+    inc = pre["ff"][:, :, 2].mean(axis=1)                                  # (trials,) |FF(u)|²/d
+    heads.append(common.test("pre-norm: |FF(x)|²/d, what each feed-forward sublayer adds to |x|²/d",
+                             *common.mean_se(inc), FF_INCREMENT, "(1 + a²)/2 for the leaky ReLU, "
+                             "a = 0.1 (exact; the cross term x·FF has mean zero); Xiong et al. 2020, "
+                             "Lemma 2's mechanism", df=df))
     before = post["ff"][:, :, 1].mean(axis=1)                              # (trials,)
     heads.append(common.test("post-norm: |x + FF(x)|²/d before the norm", *common.mean_se(before),
                              1 + FF_INCREMENT, "1 + (1 + a²)/2 (Xiong et al. 2020 use x + F(x) before "
@@ -234,15 +243,44 @@ def _headlines(m, config):
         logL = np.log(Ls[deep])
         grad = _slopes(logL, pre["grad_last"][:, deep])                     # (trials,)
         ms_L = pre["ms"][:, np.array(config.grad_depths)[deep]]            # (trials, Ls) x_L's ms
-        predicted = -0.5 * _slopes(logL, ms_L)
+        predicted = -0.5 * _slopes(logL, ms_L)                              # (trials,)
+        # both exponents come from the same trials: the test is on their paired difference
+        (g_mean, g_se), (p_mean, p_se) = common.mean_se(grad), common.mean_se(predicted)
         heads.append(common.test(f"pre-norm: exponent of the last block's |dW2| against L "
-                                 f"(L = {int(Ls[deep][0])}…{int(Ls[deep][-1])})", *common.mean_se(grad),
-                                 float(predicted.mean()), "−½ × exponent of the measured ms_L (the final "
-                                 "norm); Xiong et al. 2020, Theorem 1: → −1/2",
-                                 predicted_se=float(common.mean_se(predicted)[1]), df=df))
+                                 f"(L = {int(Ls[deep][0])}…{int(Ls[deep][-1])}) minus −½ × that of "
+                                 f"ms_L, paired by trial", *common.mean_se(grad - predicted), 0.0,
+                                 f"the final norm divides by sqrt(ms_L) (Xiong et al. 2020, Theorem 1: "
+                                 f"→ −1/2); exponents {g_mean:.3f} ± {g_se:.2g} and "
+                                 f"{p_mean:.3f} ± {p_se:.2g}", df=df))
+        heads.extend(_xiong_layers(m, config))
         heads.append(common.test("post-norm: exponent of the last block's |dW2| against L",
                                  *common.mean_se(_slopes(np.log(Ls), post["grad_last"])), 0.0,
-                                 "Xiong et al. 2020, Theorem 1 (independent of L)", df=df))
+                                 "Xiong et al. 2020, Theorem 1 (independent of L); the final norm "
+                                 "fixes the scale, so it holds by construction", df=df, kind="identity"))
+    return heads
+
+
+def _xiong_layers(m, config):
+    """Xiong et al. 2020, Fig. 3: at initialisation the gradient norm of a Post-LN block grows with
+    its layer index, a Pre-LN block's stays about the same.  Per trial, the slope of log |grad_l|
+    (every parameter of block l, the deepest stack) against l; the two stacks are independent
+    draws, so their SEs combine as such."""
+    l = np.arange(1, config.max_depth + 1, dtype=float)
+    slope = {v: np.array([common.fit_slope(l, np.log(row))[0] for row in m[v, True]["trials"]["grad_layers"]])
+             for v in ("pre", "post")}
+    (post, post_se), (pre, pre_se) = common.mean_se(slope["post"]), common.mean_se(slope["pre"])
+    heads = [common.bound(f"post-norm: growth of the block gradient norm towards the output, slope of "
+                          f"log |grad_l| against l (L = {config.max_depth})", post, common.K_SIGMA * post_se,
+                          "Xiong et al. 2020, Fig. 3: Post-LN gradients grow with the layer index",
+                          "slope ≥ 3 SE: positive beyond its noise", se=post_se, lower=True),
+             common.shown(f"pre-norm: slope of log |grad_l| against l (L = {config.max_depth})", pre, pre_se,
+                          "about 0 (Xiong et al. 2020, Fig. 3: about the same at every layer)",
+                          "the final norm divides by the growing |x_L|, the identity paths pass it down")]
+    diff, diff_se = post - pre, math.hypot(post_se, pre_se)
+    heads.append(common.bound("post-norm minus pre-norm slope of log |grad_l| against l", diff,
+                              common.K_SIGMA * diff_se, "Xiong et al. 2020, Fig. 3: Post-LN's gradients "
+                              "lean towards the output more than Pre-LN's", "difference ≥ 3 SE",
+                              se=diff_se, lower=True))
     return heads
 
 
@@ -329,8 +367,8 @@ def _tables(m, config):
     lo, hi = xiong_band(l)
     rows = [{"l": int(i), "pre-norm |x_l|²/d": f"{m[('pre', True)]['ms'][0][i]:.4g} ± {m[('pre', True)]['ms'][1][i]:.2g}",
              "Lemma 2 band": f"[{lo[i]:g}, {hi[i]:g}]",
-             "token cosine, pre / post / no norm (residual)": " / ".join(
-                 f"{m[(n, True)]['cos'][0][i]:.3f}" for n in ("pre", "post", "none"))}
+             "token cosine ± SE, pre / post / no norm (residual)": " / ".join(
+                 f"{m[(n, True)]['cos'][0][i]:.3f} ± {m[(n, True)]['cos'][1][i]:.1g}" for n in ("pre", "post", "none"))}
             for i in l if i in (0, 1, 2, 4, 8, 12, 16, 24) or i == config.max_depth]
     grads = [{"L": L, "pre-norm last |dW2|": f"{m[('pre', True)]['grad_last'][0][j]:.4g} ± {m[('pre', True)]['grad_last'][1][j]:.2g}",
               "post-norm last |dW2|": f"{m[('post', True)]['grad_last'][0][j]:.4g} ± {m[('post', True)]['grad_last'][1][j]:.2g}"}

@@ -69,5 +69,6 @@ def run(config: Config):
                f"{graded}, checkpoint after epoch {saved.epoch}\n{text}")
     headlines = [] if n_ok is None else [common.Headline(
         "correct answers", n_ok, float("nan"), len(src), 0.0, f"the {task} task's target",
-        "every request answered exactly (a count, no sampling error)", n_ok == len(src))]
+        "every request answered exactly; the same checkpoint train graded: a check of the "
+        "decoder, not a result", n_ok == len(src), kind="identity")]
     return common.Result(summary, headlines, extra={"tokens": gen.tokens})

@@ -277,6 +277,19 @@ def underflow_fractions(m, e, scale=0):
     return binomial(int((g16 == 0).sum()), n), binomial(int((np.abs(g32) <= UNDERFLOW).sum()), n)
 
 
+def paired_zeros(m, e, scale=0):
+    """The same elements judged twice (float16 zero; float32 |g| at or below 2^-25): McNemar's
+    paired comparison.  Returns the difference of the two fractions, its standard error from the
+    discordant elements, sqrt(b + c - (b - c)^2 / N) / N, and the counts b (zero in float16 only)
+    and c (predicted only)."""
+    grads = m["grads"]
+    i = list(grads["exponents"]).index(e + scale)
+    z16 = grads["g16"][i] == 0
+    z32 = np.abs(grads["g32"] * 2.0 ** (e + scale)) <= UNDERFLOW
+    N, b, c = z16.size, int((z16 & ~z32).sum()), int((~z16 & z32).sum())
+    return (b - c) / N, math.sqrt(max(b + c - (b - c) ** 2 / N, 0.0)) / N, b, c
+
+
 def stagnation_exponent(m, config, name="float16"):
     """Slope of log mean error against log n for n >= 1/u (the running sum has reached the size
     where terms below half an ulp start to vanish), with its SE (0 with two lengths)."""
@@ -328,20 +341,24 @@ def _headlines(m, config):
     slope, se, df = common.fit_slope(np.log2(n), per_n.mean(axis=1))
     heads.append(common.test("lab's kernel: slope of the mean error / u against log2 n", slope, se, 0.0,
                              "float32 accumulation: the final rounding dominates at every n", df=df))
-    (z16, z16_se), (z32, z32_se) = underflow_fractions(m, config.weight)
-    heads.append(common.test(f"float16 gradients equal to 0, upstream gradient 2^{config.weight}",
-                             z16, z16_se, z32, f"float32 gradients with |g| ≤ 2^-25 (binomial SEs)",
-                             predicted_se=z32_se))
+    (z16, _), (z32, _) = underflow_fractions(m, config.weight)
+    diff, diff_se, b, c = paired_zeros(m, config.weight)
+    heads.append(common.test(f"float16 gradients equal to 0 minus float32 gradients with |g| ≤ 2^-25, "
+                             f"upstream gradient 2^{config.weight} (paired by element)", diff, diff_se,
+                             0.0, f"rounding to float16 alone: fractions {z16:.4g} and {z32:.4g}; McNemar "
+                             f"SE from the {b} + {c} discordant elements"))
     (s16, s16_se), (s32, s32_se) = underflow_fractions(m, config.small_weight)
     heads.append(common.shown(f"float16 gradients equal to 0, upstream gradient 2^{config.small_weight}, "
                               "no loss scale", s16, s16_se,
                               f"float32 |g| ≤ 2^-25: {s32:.3g} (per-position gradients underflow first)",
                               "the rounding of the float32 gradient alone"))
-    (l16, l16_se), (l32, l32_se) = underflow_fractions(m, config.small_weight, config.loss_scale)
-    heads.append(common.test(f"float16 gradients equal to 0, upstream gradient 2^{config.small_weight}, "
-                             f"loss scale 2^{config.loss_scale}", l16, l16_se, l32,
-                             f"float32 gradients with |g| ≤ 2^-25 / S (Micikevicius et al. 2018)",
-                             predicted_se=l32_se))
+    (l16, _), (l32, _) = underflow_fractions(m, config.small_weight, config.loss_scale)
+    diff, diff_se, b, c = paired_zeros(m, config.small_weight, config.loss_scale)
+    heads.append(common.test(f"float16 gradients equal to 0 minus float32 gradients with |g| ≤ 2^-25 / S, "
+                             f"upstream gradient 2^{config.small_weight}, loss scale S = 2^{config.loss_scale} "
+                             "(paired by element)", diff, diff_se, 0.0,
+                             f"Micikevicius et al. 2018: the scale undoes the underflow; fractions "
+                             f"{l16:.4g} and {l32:.4g}; McNemar SE from the {b} + {c} discordant elements"))
     for name in FORMATS:
         s = m["softmax"][name]
         first, step = exact_threshold(s["x"], s["naive"])
@@ -351,9 +368,10 @@ def _headlines(m, config):
                                   "midpoint above its largest finite value"))
     heads.append(common.exact("lab's softmax kernel: non-finite rows over both sweeps",
                               sum(int(s["lab"].sum()) for s in m["softmax"].values()), 0,
-                              "max shift in float32 (kernels.precision)"))
+                              "max shift in float32 (kernels.precision): exp ≤ 1 by construction",
+                              kind="identity"))
     heads.append(common.exact("Adam's eps = 1e-8 stored in float16", m["adam"]["eps"]["float16"], 0.0,
-                              "1e-8 < 2^-25 (half the smallest subnormal): rounds to 0"))
+                              "1e-8 < 2^-25 (half the smallest subnormal): rounds to 0", kind="identity"))
     a = m["adam"]
     bad16 = ~np.isfinite(a["steps"]["float16"])
     g_star, rel = adam_threshold()
@@ -367,7 +385,8 @@ def _headlines(m, config):
     heads.append(common.exact("float32 and bfloat16 Adam, same steps: non-finite updates",
                               int((~np.isfinite(a["steps"]["float32"])).sum()
                                   + (~np.isfinite(a["steps"]["bfloat16"])).sum()), 0,
-                              "eps stays positive (bfloat16: 1.0012e-8), v does not underflow"))
+                              "eps stays positive (bfloat16: 1.0012e-8), v does not underflow",
+                              kind="identity"))
     return heads
 
 
@@ -393,18 +412,23 @@ def _tables(m, config):
         row = {"n": n}
         for name in FORMATS:
             r = m["reductions"][name]
-            row[f"{name} half-format: mean / max (units of u)"] = \
-                f"{r['half'][i].mean() / U[name]:.3g} / {r['half'][i].max() / U[name]:.3g}"
+            mean, se = common.mean_se(r["half"][i] / U[name])
+            row[f"{name} half-format: mean ± SE / max (units of u)"] = \
+                f"{mean:.3g} ± {se:.2g} / {r['half'][i].max() / U[name]:.3g}"
             row[f"{name} γ_n / γ̃_n(λ = {LAMBDA:g}) (u)"] = \
                 (f"{gamma(n, U[name]) / U[name]:.3g}" if n * U[name] < 1 else "vacuous") + \
                 f" / {gamma_tilde(n, LAMBDA, U[name]) / U[name]:.3g}"
-            row[f"{name} lab kernel: mean / max (u)"] = \
-                f"{r['lab'][i].mean() / U[name]:.3f} / {r['lab'][i].max() / U[name]:.3f}"
+            mean, se = common.mean_se(r["lab"][i] / U[name])
+            row[f"{name} lab kernel: mean ± SE / max (u)"] = \
+                f"{mean:.3f} ± {se:.2g} / {r['lab'][i].max() / U[name]:.3f}"
         n_rows.append(row)
+    grads = [{**row, "zero − prediction ± paired SE": "{:.3g} ± {:.2g}".format(*paired_zeros(m, row["e"])[:2])}
+             for row in _grad_rows(m)]
     return [(f"dot products of n positive terms, relative error in units of each format's u "
              f"({config.trials} trials; u/(4 ln 2) = 0.361 u)", n_rows),
             (f"gradient elements of the article-size model, one palindrome batch, upstream "
-             f"gradient 2^e ({m['grads']['g32'].size} elements)", _grad_rows(m))]
+             f"gradient 2^e ({m['grads']['g32'].size} elements; the fractions are of all of them, the "
+             f"difference's SE is McNemar's)", grads)]
 
 
 def steps(x, y):
@@ -461,12 +485,22 @@ def _charts(m, config, figures):
     b2.plot(e, [r["float32 |g| ≤ 2^-25"] for r in rows], "C0--", label="float32: |g| ≤ 2^-25 (prediction)")
     b2.plot(e, [r["float16 subnormal"] for r in rows], "C2s-", ms=3, label="float16: subnormal")
     b2.plot(e, [r["float16 non-finite"] for r in rows], "C3^-", ms=3, label="float16: non-finite")
+    # the tested points, float16 zeros against the prediction, with the paired (McNemar) ±3 SE
+    for weight, scale, marker in ((config.weight, 0, "D"), (config.small_weight, config.loss_scale, "*")):
+        (z16, _), (z32, _) = underflow_fractions(m, weight, scale)
+        _, se, _, _ = paired_zeros(m, weight, scale)
+        b2.errorbar([weight + scale], [z16], yerr=[3 * se], fmt=marker, color="k", ms=7, capsize=4, zorder=5,
+                    label=f"tested: e = {weight}" + (f", loss scale 2^{scale}" if scale else "")
+                    + " (±3 paired SE)")
     b2.axvline(config.small_weight, color="0.5", ls=":", lw=1)
-    b2.annotate("", xy=(config.small_weight + config.loss_scale, 0.5), xytext=(config.small_weight, 0.5),
+    b2.annotate("", xy=(config.small_weight + config.loss_scale, 0.3), xytext=(config.small_weight, 0.3),
                 arrowprops={"arrowstyle": "->", "color": "0.3"})
-    b2.text(config.small_weight + 0.3, 0.53, f"loss scale 2^{config.loss_scale}", fontsize=7)
+    b2.text(config.small_weight + 0.3, 0.4, f"loss scale 2^{config.loss_scale}", fontsize=7)
+    b2.set_yscale("symlog", linthresh=1e-3)   # linear below 0.1 %, logarithmic above: 0.02 is readable
+    b2.set_ylim(0, 1.5)
     common.label(b2, "float16 gradient elements of the model", "log2 of the upstream gradient e",
-                 "fraction of elements", legend="upper right")
+                 "fraction of elements (symlog)", legend=False)
+    b2.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))   # beside the data, not on it
     common.save(fig, NAME, "underflow.png",
                 f"Left: where the model's float32 gradients lie (one palindrome batch, initialisation). "
                 f"Right: float16 gradients that are zero, subnormal or non-finite as the loss's gradient "

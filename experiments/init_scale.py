@@ -106,7 +106,8 @@ def _headlines(m, config):
         mean, se = per_chain.mean(), per_chain.std(ddof=1) / math.sqrt(len(per_chain))
         theory = gain_theory(name, std, n)
         heads.append(common.test(f"gain in |x|^2 per product, {name}, n = {n}", mean, se, theory,
-                                 "E|Wx|² = n σ² |x|² (exact)", df=len(per_chain) - 1))
+                                 "E|Wx|² = n σ² |x|² (the sampler's variance)", df=len(per_chain) - 1,
+                                 kind="identity"))
     # Uniform [0, 1) entries (mean mu = 1/2, variance s^2 = 1/12).  After a few products x settles
     # at 1 + delta: the row sums of W spread it off the ones direction by |delta|^2/|1|^2 =
     # s^2/(n mu^2), which the next product does not amplify.  Its gain is then

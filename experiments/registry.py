@@ -24,9 +24,10 @@ class Entry(NamedTuple):
 ENTRIES = (
     Entry("sqrt_d", "experiments.sqrt_d", seconds=28.9),
     Entry("attention_scaling", "experiments.attention_scaling", seconds=32.0),
-    Entry("entropy_collapse", "experiments.entropy_collapse", seconds=23.0),
+    Entry("entropy_collapse", "experiments.entropy_collapse", seconds=35.0),
     Entry("depth", "experiments.depth", seconds=9.5),
     Entry("rank_collapse", "experiments.rank_collapse", seconds=3.0),
+    Entry("freezing", "experiments.freezing", seconds=4.0),
     Entry("init_scale", "experiments.init_scale", seconds=4.5),
     Entry("precision", "experiments.precision", seconds=6.1),
     Entry("half_precision", "experiments.half_precision", seconds=8.0),

@@ -4,8 +4,8 @@ process), and write results/report.html.
 
 A study that fails is reported (its traceback's last lines on the page, a line on stderr) and the
 others still run; the exit status is then 1.  The page is self-contained: at the top, one sentence
-per headline saying what was reproduced and what was not; then per study its protocol in prose,
-its headline tests (prediction ± its uncertainty, measurement ± SE, the rule), its per-size
+per headline, grouped by kind (only the Reproduced kind is counted); then per study its protocol in prose,
+its headline tests (kind, prediction ± its uncertainty, measurement ± SE, the rule), its per-size
 tables and its charts (embedded PNG) with their captions.
 """
 from __future__ import annotations
@@ -24,7 +24,12 @@ table{border-collapse:collapse;margin:1em 0;font-size:.85em}td,th{border:1px sol
 th{background:#f3f3f3}.yes{color:#17702b;font-weight:bold}.no{color:#b00020;font-weight:bold}.shown{color:#555}
 figure{margin:1.5em 0}img{max-width:100%}figcaption{font-size:.9em;color:#444;margin-top:.3em}
 pre{background:#f7f7f7;padding:.6em;overflow-x:auto;font-size:.8em}ul.summary li{margin:.2em 0}"""
-VERDICT = {True: ("yes", "reproduced"), False: ("no", "not reproduced"), None: ("shown", "shown")}
+CSS = {True: "yes", False: "no", None: "shown"}
+# The summary's groups, in order: only the first is counted as the lab's results.
+GROUPS = (("reproduced", "Results: published or derived numbers, two-sided tests (counted)"),
+          ("consistent", "Bounds and inequalities: consistent, with their margins (not counted)"),
+          ("identity", "Identities of the sampler or the algebra: checks, not results (not counted)"),
+          ("shown", "Shown: measured, no quantitative prediction (not judged)"))
 
 
 def run_all(entries, *, jobs=1, configs=None) -> int:
@@ -71,10 +76,18 @@ def print_outcome(outcome, i, n) -> None:
 
 
 def counts(heads) -> str:
-    judged = [h for h in heads if h.agrees is not None]
-    shown = len(heads) - len(judged)
-    return (f"{sum(h.agrees for h in judged)}/{len(judged)} reproduced"
-            + (f", {shown} shown" if shown else ""))
+    """"R/N reproduced" (the Reproduced kind only, the one count of results), then the other
+    kinds: consistent bounds, identities (not counted) and shown numbers, where there are any."""
+    t = common.tally(heads)
+    text = (f"{t['reproduced'][0]}/{t['reproduced'][1]} reproduced" if t["reproduced"][1]
+            else "no result to reproduce")
+    if t["consistent"][1]:
+        text += f", {t['consistent'][0]}/{t['consistent'][1]} bounds consistent"
+    if t["identity"][1]:
+        text += f", {t['identity'][0]}/{t['identity'][1]} identities hold (not counted)"
+    if t["shown"][1]:
+        text += f", {t['shown'][1]} shown"
+    return text
 
 
 def status_line(outcome) -> str:
@@ -103,13 +116,13 @@ def headline_table(heads) -> str:
         return "<p>No headline comparison.</p>"
     rows = []
     for h in heads:
-        css, word = VERDICT[h.agrees]
-        rows.append(f"<tr><td>{html.escape(h.quantity)}</td><td>{_pm(h.predicted, h.predicted_se)}</td>"
+        rows.append(f"<tr><td>{html.escape(common.KIND_NAMES[h.kind])}</td>"
+                    f"<td>{html.escape(h.quantity)}</td><td>{_pm(h.predicted, h.predicted_se)}</td>"
                     f"<td>{_pm(h.measured, h.measured_se)}</td><td>{html.escape(h.rule)}</td>"
-                    f"<td>{html.escape(h.source)}</td><td>{html.escape(h.kind)}</td>"
-                    f"<td class='{css}'>{word}</td></tr>")
-    return ("<table><tr><th>quantity</th><th>predicted (± its uncertainty)</th><th>measured ± SE</th>"
-            "<th>rule</th><th>source of the prediction</th><th>kind</th><th>verdict</th></tr>"
+                    f"<td>{html.escape(h.source)}</td>"
+                    f"<td class='{CSS[h.agrees]}'>{html.escape(h.label)}</td></tr>")
+    return ("<table><tr><th>kind</th><th>quantity</th><th>predicted (± its uncertainty)</th>"
+            "<th>measured ± SE</th><th>rule</th><th>source of the prediction</th><th>outcome</th></tr>"
             + "".join(rows) + "</table>")
 
 
@@ -167,15 +180,16 @@ def study_section(outcome) -> str:
 
 
 def summary_list(outcomes) -> str:
-    items = []
-    for o in outcomes:
-        if o.error:
-            items.append(f"<li class='no'>{html.escape(o.name)}: the study failed (below).</li>")
-        for h in o.headlines:
-            css, _ = VERDICT[h.agrees]
-            items.append(f"<li><a href='#{o.name}'>{html.escape(o.name)}</a>: "
-                         f"<span class='{css}'>{html.escape(h.sentence())}</span></li>")
-    return "<ul class='summary'>" + "".join(items) + "</ul>"
+    """The headlines grouped by kind (GROUPS), one sentence each; failed studies first."""
+    parts = [f"<p class='no'>{html.escape(o.name)}: the study failed (below).</p>"
+             for o in outcomes if o.error]
+    for kind, title in GROUPS:
+        items = [f"<li><a href='#{o.name}'>{html.escape(o.name)}</a>: "
+                 f"<span class='{CSS[h.agrees]}'>{html.escape(h.sentence())}</span></li>"
+                 for o in outcomes for h in o.headlines if h.kind == kind]
+        if items:
+            parts.append(f"<h3>{html.escape(title)}</h3><ul class='summary'>{''.join(items)}</ul>")
+    return "".join(parts)
 
 
 def write_report(outcomes, seconds) -> pathlib.Path:
@@ -187,13 +201,58 @@ def write_report(outcomes, seconds) -> pathlib.Path:
     page = (f"<!doctype html><html><head><meta charset='utf-8'><title>gradlab numerics report</title>"
             f"<style>{STYLE}</style></head><body><h1>gradlab: numerics studies</h1>"
             f"<p>Generated {time.strftime('%Y-%m-%d %H:%M:%S %Z')} by <code>python -m experiments all</code>"
-            f" in {seconds:.1f} s: {html.escape(counts(heads))}. Every headline is a stated test: "
-            f"the prediction with its own uncertainty, the measurement with its standard error, and the "
-            f"rule (two-sided unless it is a theorem's bound; t-quantiles where the SE rests on few trials). "
-            f"The published numbers compared with are in docs/article.md and docs/studies.md.</p>"
+            f" in {seconds:.1f} s: {html.escape(counts(heads))}. Only the Reproduced kind is counted as a "
+            f"result: a published or derived number matched by a two-sided test that could fail. "
+            f"Consistent: a bound or inequality held (its margin in the rule); Identity: a property of "
+            f"the sampler or the algebra, true for correct code, kept as a check and not counted; "
+            f"Shown: measured, not judged. Every headline states its prediction with its own "
+            f"uncertainty, the measurement with its standard error and the rule (t-quantiles where "
+            f"the SE rests on few trials). The published numbers compared with are in docs/article.md "
+            f"and docs/studies.md.</p>"
             f"<h2>Summary: what was reproduced and what was not</h2>{summary_list(outcomes)}"
             f"<table><tr><th>study</th><th>time</th><th>status</th><th>headlines</th></tr>{overview}</table>"
             + "\n".join(study_section(o) for o in outcomes) + "</body></html>")
     path = common.RESULTS / "report.html"
     common.atomic_write_text(path, page)
+    common.atomic_write_text(common.RESULTS / HEADLINES_MD, headlines_markdown(outcomes, seconds))
     return path
+
+
+# --- the headline table for docs/studies.md ----------------------------------------------------
+
+HEADLINES_MD = "headlines.md"   # written by `all` beside report.html; `docs` copies it into the docs
+DOCS_SECTION = "headlines"
+
+
+def _md(text) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def headlines_markdown(outcomes, seconds) -> str:
+    """Every headline of the run as a markdown table (kind, quantity, prediction, measurement
+    ± SE, outcome), after the run's count line: what `python -m experiments docs` puts into
+    docs/studies.md."""
+    heads = [h for o in outcomes for h in o.headlines]
+    failed = [o.name for o in outcomes if o.error]
+    lines = [f"`python -m experiments all`, {len(outcomes)} studies in {seconds:.1f} s"
+             + (f" ({', '.join(failed)} failed)" if failed else "") + f": {counts(heads)}.", "",
+             "| study | kind | quantity | predicted | measured ± SE | outcome |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for o in outcomes:
+        for h in o.headlines:
+            lines.append(f"| {o.name} | {common.KIND_NAMES[h.kind]} | {_md(h.quantity)} | "
+                         f"{_md(_pm(h.predicted, h.predicted_se))} | {_md(_pm(h.measured, h.measured_se))} | "
+                         f"{'**' + h.label + '**' if h.agrees is False else h.label} |")
+    return "\n".join(lines) + "\n"
+
+
+def update_docs(path="docs/studies.md") -> pathlib.Path:
+    """Copy the last run's headline table (results/headlines.md) into the docs' headlines
+    section."""
+    from checks import docs
+    source = common.RESULTS / HEADLINES_MD
+    if not source.exists():
+        raise FileNotFoundError(f"{source}: expected the table `python -m experiments all` writes; "
+                                "run it first")
+    docs.write_section(path, DOCS_SECTION, source.read_text())
+    return pathlib.Path(path)

@@ -24,9 +24,13 @@ def test_tiny_run_meets_its_predictions():
     ms = heads["unscaled logits: mean square of q·k over d"]
     assert ms.agrees and "t with 3 df" in ms.rule                  # 4 draws: Student's t
     for h in result.headlines:
-        if h.kind == "test":   # each verdict is the printed rule, applied
+        if h.kind in ("reproduced", "identity"):   # each verdict is the printed rule, applied
             assert h.agrees == (abs(h.measured - h.predicted) <= float(h.rule.split("≤ ")[1].split(" ×")[0])
                                 * math.hypot(h.measured_se, h.predicted_se)), h
+    # Vaswani's own d_k = 64 is a headline (shown: the claim has no number), and every Adam width
+    assert any(h.quantity.startswith("d_k = 64 (σ = 8)") and h.kind == "shown" and h.measured_se > 0
+               for h in result.headlines)
+    assert sum(h.quantity.startswith("Adam steps") for h in result.headlines) == len(TINY.adam_widths)
     assert [t for t, _ in result.tables][:2] == ["per width (4 weight draws each, ± SE)",
                                                  "softmax entropy of n Gaussian logits at σ = 1"]
 
@@ -75,3 +79,25 @@ def test_head_gradient_matches_finite_differences():
 def test_bad_config_names_the_field(field, value):
     with pytest.raises(ValueError, match=rf"^{field}: expected .*got"):
         study.Config(**{field: value})
+
+
+def test_the_race_is_paired_and_censored_seeds_are_counted_as_bounds():
+    budget = 10
+    race = {(16, True): np.array([3, 5, 11, 11, 4]), (16, False): np.array([6, 2, 11, 7, 11])}
+    diff, signs, censored = study.race_pairs(race, 16, budget)
+    assert diff.tolist() == [3, -3, 0, -4, 7]          # the last pair: unscaled censored, a bound
+    assert signs == (2, 2, 1) and censored == (2, 2)  # both censored: a tie
+    # the two scalings of a width start from the same seed: same weights, same data
+    config = study.Config(adam_widths=(16,), adam_seeds=2, adam_steps=10, adam_keys=4, adam_batch=4)
+    a = study.adam_race(np.random.default_rng([0, 16]), config, 16, 1.0)
+    b = study.adam_race(np.random.default_rng([0, 16]), config, 16, 1.0)
+    assert (a == b).all()
+
+
+def test_median_ratio_of_paired_rows_and_its_bootstrap_se():
+    rng = np.random.default_rng(1)
+    a = rng.lognormal(size=4000)
+    ratio, se = study.median_ratio(2 * a, a, rng)
+    assert ratio == pytest.approx(2.0) and se < 1e-9         # exactly paired: no spread at all
+    ratio, se = study.median_ratio(rng.lognormal(size=4000), a, rng)
+    assert 0 < se < 0.1 and abs(ratio - 1) < 4 * se           # independent rows: a real spread

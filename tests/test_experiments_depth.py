@@ -24,13 +24,20 @@ def test_xiong_band_flat_post_norm_and_rank_collapse():
     pure = m[("attention only", False)]["cos"][0]
     assert pure[3] > 0.99  # collapsed within three layers (Dong et al. 2021)
     assert m[("pre", True)]["cos"][0][-1] < 0.9  # the residual pre-norm stack is far from it
-    ff = m[("pre", True)]["trials"]["ff"]                  # (trials, FF sublayers, 2)
+    ff = m[("pre", True)]["trials"]["ff"]                  # (trials, FF sublayers, 3)
     inc = (ff[:, :, 1] - ff[:, :, 0]).ravel()
     mean, se = common.mean_se(inc)   # each sublayer adds (1 + a^2)/2: t(17 df) 99.7 % is 3.5 SE
     assert abs(mean - study.FF_INCREMENT) <= 3.5 * se, (mean, se)
+    direct, direct_se = common.mean_se(ff[:, :, 2].ravel())   # |FF|^2/d itself: no cross term
+    assert abs(direct - study.FF_INCREMENT) <= 3.5 * direct_se, (direct, direct_se)
+    assert direct_se < se                                     # the sharper estimator
     result = study.run(TINY)  # the whole study at this size, charts and files
     assert (common.RESULTS / "depth" / "data.csv").exists()
-    assert all(h.kind == "test" and "t with 2 df" in h.rule for h in result.headlines)
+    assert [h.kind for h in result.headlines] == ["reproduced"] * 3 + ["consistent", "shown", "consistent",
+                                                                      "identity"]
+    assert all("t with 2 df" in h.rule for h in result.headlines if h.kind in ("reproduced", "identity"))
+    growth, _, lean = result.headlines[3:6]     # Xiong's Fig. 3 pattern: inequalities with margins
+    assert growth.predicted.startswith("≥") and "margin measured − limit" in lean.rule
 
 
 @pytest.mark.parametrize("variant", study.VARIANTS, ids=study.label_of)
