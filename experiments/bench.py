@@ -7,12 +7,18 @@ Measures, after warm-up, medians over interleaved repeats:
 - the achieved FLOP rate of the lab's step (FLOPs counted by XLA for the same step) against
   the machine's own matrix-multiply rate measured in the same run;
 - the time of a whole-model gradient check and of the sqrt(d) study.
-Absolute times drift on shared machines; the ratios are the result.
+Absolute times drift on shared machines; the ratios are the result.  The header says what they
+were measured on (timing.environment): the BLAS library and kernel, threads, JAX and PyTorch.
+With OPENBLAS_CORETYPE (or OPENBLAS_L2_SIZE) set, a warning says so and the training steps are
+timed a second time in a process without them, so the ratios under both settings are shown.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import subprocess
+import sys
 import time
 from typing import ClassVar
 
@@ -274,7 +280,7 @@ def format_rows(rows) -> str:
 
 PEERS = ("torch eager", "torch.compile")
 # targets of the lab's step: size -> (most lab/jax, least fraction of the matmul rate)
-TARGETS = {"article": (0.5, None), "large": (1.0, 0.75)}
+TARGETS = {"article": (0.5, None), "large": (0.9, 0.80)}
 
 
 def format_steps(steps) -> str:
@@ -318,14 +324,8 @@ def target_lines(steps) -> list:
     return lines
 
 
-def run(config: Config) -> common.Result:
-    start = time.perf_counter()
-    xp = array_module(config.backend)
-    rows = []
-    with timing.blas_threads(config.threads):
-        ceiling = timing.matmul_rate(xp, np.float32)
-    rows.append({"what": "float32 matmul 1024^3", "note": f"{ceiling / 1e9:.1f} GFLOP/s (alone, before "
-                 f"the steps; each step's loop measures it again)"})
+def step_rows(config, xp) -> list:
+    """The training-step rows at every size of config.sizes."""
     steps = []
     for name in common.progress(config.sizes, desc="training steps"):
         row = step_row(config, xp, name)
@@ -335,7 +335,43 @@ def run(config: Config) -> common.Result:
                        f"same loop ({rate / 1e9:.1f} GFLOP/s; {row['flops'] / 1e6:.0f} MFLOP per "
                        f"step, counted by XLA)")
         steps.append(row)
+    return steps
+
+
+def _steps_here(config_fields: dict) -> dict:
+    """The child's side of unforced_steps: its environment and its step rows."""
+    config = Config(**{k: tuple(v) if isinstance(v, list) else v for k, v in config_fields.items()})
+    return {"environment": timing.environment(config.threads),
+            "steps": step_rows(config, array_module(config.backend))}
+
+
+def unforced_steps(config) -> dict:
+    """The training steps timed again in a fresh process without OpenBLAS's core-type overrides
+    (timing.CORETYPE_VARS): {"environment": ..., "steps": [...]}, or {"error": ...}."""
+    code = ("import json, sys; from experiments import bench; "
+            "print(json.dumps(bench._steps_here(json.loads(sys.argv[1]))))")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run([sys.executable, "-c", code, json.dumps(dataclasses.asdict(config))],
+                          env=timing.unforced_env(), capture_output=True, text=True, cwd=root)
+    if done.returncode:
+        return {"error": (done.stderr.strip().splitlines() or ["no output"])[-1]}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def run(config: Config) -> common.Result:
+    start = time.perf_counter()
+    xp = array_module(config.backend)
+    environment = timing.environment(config.threads)
+    header = timing.format_header(environment)
+    print(header, flush=True)
+    rows = []
+    with timing.blas_threads(config.threads):
+        ceiling = timing.matmul_rate(xp, np.float32)
+    rows.append({"what": "float32 matmul 1024^3", "note": f"{ceiling / 1e9:.1f} GFLOP/s (alone, before "
+                 f"the steps; each step's loop measures it again)"})
+    steps = step_rows(config, xp)
     rows += steps
+    unforced = unforced_steps(config) if timing.coretype_warning(environment) else None
     shares_by_size = {}
     if config.shares:
         for name in common.progress(config.sizes, desc="layer shares"):
@@ -350,15 +386,25 @@ def run(config: Config) -> common.Result:
         rows += extras_rows(config)
     if config.half:
         rows += half_rows(config, xp)
+    forced = " ".join(f"{k}={v}" for k, v in environment["env"].items() if k in timing.CORETYPE_VARS)
     text = [format_rows(rows), "", "training steps, every ratio (lower is better for the lab; "
-            "floor: XLA's FLOP count at the matmul rate of the same loop)", format_steps(steps),
+            "floor: XLA's FLOP count at the matmul rate of the same loop)"
+            + (f", with {forced} (this process)" if unforced else ""), format_steps(steps),
             *target_lines(steps)]
+    if unforced and "error" in unforced:
+        text += ["", f"training steps with {forced} unset: the second process failed: "
+                 f"{unforced['error']}"]
+    elif unforced:
+        kernels = ", ".join(str(lib["architecture"]) for lib in unforced["environment"]["blas"])
+        text += ["", f"training steps with {forced} unset (a second process, kernel {kernels})",
+                 format_steps(unforced["steps"]), *target_lines(unforced["steps"])]
     if shares_by_size:
         text += ["", "where the lab's step goes (kernels timed inside the real step; medians)",
                  shares.format_shares(shares_by_size)]
     print("\n".join(text))
     out = common.results_dir(NAME)
-    meta = {"backend": config.backend, "blas": timing.blas_info(), "matmul_flops": ceiling}
+    meta = {"backend": config.backend, "blas": timing.blas_info(), "matmul_flops": ceiling,
+            "environment": environment, "header": header, "unforced": unforced}
     shares_json = {n: {" ".join(k).strip(): v for k, v in m.items()}
                    for n, m in shares_by_size.items()}
     common.atomic_write_text(out / "bench.json", json.dumps(
