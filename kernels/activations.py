@@ -29,7 +29,9 @@ def softmax_rows(logits, keep=None):
     underflows to 0): multiplying exp() by keep is the same maths without the huge logits.
     """
     xp = array_module(logits)
-    if float(abs(logits).max()) < SAFE_LOGIT:
+    # max |logit| from the largest and the smallest: two reductions, no |logits| array (NaN in
+    # both propagates, and NaN < SAFE_LOGIT is False)
+    if max(float(logits.max()), -float(logits.min())) < SAFE_LOGIT:
         e = xp.exp(logits)                                                # (..., N)
     else:  # large logits: the textbook per-row shift, with the mask added before the max
         if keep is not None:
