@@ -6,7 +6,10 @@ Measures, after warm-up, medians over interleaved repeats:
   reference model plus the same Adam update, at the article's size and a larger one;
 - the achieved FLOP rate of the lab's step (FLOPs counted by XLA for the same step) against
   the machine's own matrix-multiply rate measured in the same run;
-- the time of a whole-model gradient check and of the sqrt(d) study.
+- the checker's own cost (experiments.checker_cost, fresh processes): one layer check first and
+  warm, with and without the persistent compilation cache, against torch.autograd.gradcheck and
+  jax.test_util.check_grads, and the whole-model check's time and peak memory at two sizes;
+- the time of the sqrt(d) study.
 Absolute times drift on shared machines; the ratios are the result.  The header says what they
 were measured on (timing.environment): the BLAS library and kernel, threads, JAX and PyTorch.
 With OPENBLAS_CORETYPE (or OPENBLAS_L2_SIZE) set, a warning says so and the training steps are
@@ -24,7 +27,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from experiments import common, shares, timing
+from experiments import checker_cost, common, shares, timing
 
 NAME = "bench"
 LAYER_SIZES = {"B": 64, "T": 17, "S": 16, "D": 32, "H": 4, "F": 128, "V": 12}  # the article's
@@ -45,7 +48,8 @@ class Config:
     layers: bool = True         # also time every layer on its own
     peers: bool = True          # also time PyTorch eager and torch.compile (when installed)
     shares: bool = True         # also time each layer's share of the lab's training step
-    extras: bool = True         # also time a whole-model gradient check and the sqrt(d) study
+    checker: bool = True        # also time the checker against gradcheck and check_grads, and the whole-model check's time and memory
+    extras: bool = True         # also time the sqrt(d) study
     half: bool = True           # also time the model in float16 and bfloat16 against float32
     seed: int = 0               # seed of the inputs and parameters
 
@@ -212,18 +216,11 @@ def step_row(config, xp, name):
 
 
 def extras_rows(config):
-    """Single timings of a whole-model gradient check and of the sqrt(d) study at defaults."""
-    from checks.registry import BY_NAME, run_row
+    """A single timing of the sqrt(d) study at defaults."""
     from experiments import sqrt_d
-    rows = []
-    start = time.perf_counter()
-    report = run_row(BY_NAME["model"], np.float64, seed=config.seed)
-    rows.append({"what": "whole-model gradient check (float64)",
-                 "note": f"{time.perf_counter() - start:.2f} s, {'ok' if report.ok else 'FAILED'}"})
     start = time.perf_counter()
     sqrt_d.run(sqrt_d.Config())
-    rows.append({"what": "sqrt(d) study at defaults", "note": f"{time.perf_counter() - start:.2f} s"})
-    return rows
+    return [{"what": "sqrt(d) study at defaults", "note": f"{time.perf_counter() - start:.2f} s"}]
 
 
 HALF_FORMATS = ("float32", "float16", "bfloat16")
@@ -386,6 +383,7 @@ def run(config: Config) -> common.Result:
         rows += extras_rows(config)
     if config.half:
         rows += half_rows(config, xp)
+    cost = checker_cost.measure(peers=config.peers) if config.checker else None
     forced = " ".join(f"{k}={v}" for k, v in environment["env"].items() if k in timing.CORETYPE_VARS)
     text = [format_rows(rows), "", "training steps, every ratio (lower is better for the lab; "
             "floor: XLA's FLOP count at the matmul rate of the same loop)"
@@ -401,10 +399,14 @@ def run(config: Config) -> common.Result:
     if shares_by_size:
         text += ["", "where the lab's step goes (kernels timed inside the real step; medians)",
                  shares.format_shares(shares_by_size)]
+    if cost:
+        text += ["", "the checker's own cost (fresh processes; 'cached': a second process reading "
+                 "the persistent compilation cache the first wrote)", checker_cost.format_cost(cost),
+                 *checker_cost.target_lines(cost)]
     print("\n".join(text))
     out = common.results_dir(NAME)
     meta = {"backend": config.backend, "blas": timing.blas_info(), "matmul_flops": ceiling,
-            "environment": environment, "header": header, "unforced": unforced}
+            "environment": environment, "header": header, "unforced": unforced, "checker": cost}
     shares_json = {n: {" ".join(k).strip(): v for k, v in m.items()}
                    for n, m in shares_by_size.items()}
     common.atomic_write_text(out / "bench.json", json.dumps(

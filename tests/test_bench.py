@@ -82,3 +82,32 @@ def test_with_a_forced_core_type_the_steps_are_timed_under_both_settings(tmp_pat
     assert "OPENBLAS_CORETYPE" not in unforced["environment"]["env"]
     assert [r["size"] for r in unforced["steps"]] == ["article"]
     assert all(r["lab_ms"] > 0 and r["jax_ms"] > 0 for r in unforced["steps"])
+
+
+@pytest.mark.slow
+def test_the_checker_and_its_peers_are_timed_on_the_same_layer_in_a_fresh_process():
+    from experiments import checker_cost, peers_torch
+    r = checker_cost.in_child("layer_check_times", sizes={}, peers=True)
+    assert r["check_layer_ok"] and r["check_grads_ok"]
+    assert r["check_layer_first"] > 0 and r["check_layer_warm"] > 0 and r["check_grads_warm"] > 0
+    if peers_torch.available():  # the PyTorch twin's gradients pass gradcheck in both modes
+        assert r["gradcheck_ok"] and r["gradcheck_fast_ok"]
+    text = checker_cost.format_cost({"layer": {"registry": r}, "model": {}})
+    assert f"{r['check_layer_first']:.3f} s" in text and "FAILED" not in text
+
+
+@pytest.mark.slow
+def test_a_child_above_the_memory_cap_is_stopped(monkeypatch):
+    from experiments import checker_cost
+    monkeypatch.setattr(checker_cost, "MEMORY_CAP", 2 ** 20)  # 1 MiB: any Python process passes it
+    r = checker_cost.in_child("model_check_cost", sizes={})
+    assert r == {"error": f"stopped above {2 ** 20 / 2 ** 30:.3g} GiB of memory"}
+
+
+def test_checker_targets_are_judged_on_the_measured_figures():
+    from experiments import checker_cost
+    cost = {"layer": {"registry": {"check_layer_first_cached": 0.7}},
+            "model": {"large": {"seconds": 20.0, "peak_bytes": 3 * 2 ** 30, "ok": True}}}
+    lines = checker_cost.target_lines(cost)
+    assert "<= 0.5 s: NOT met (0.70 s)" in lines[0]
+    assert "<= 30 s and <= 4 GiB: met (20.0 s, 3.00 GiB)" in lines[1]
