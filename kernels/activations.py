@@ -67,6 +67,15 @@ def softmax_rows_backward(dy, y):
     return y * (dy - row_sum(dy * y))  # (..., N)
 
 
+def leaky_gain(x, slope):
+    """(...) 1 where x > 0, slope elsewhere: 0 or 1 first, then scaled in place."""
+    one, s = x.dtype.type(1), x.dtype.type(slope)
+    gain = (x > 0).astype(x.dtype)    # (...) 1 or 0
+    gain *= one - s
+    gain += s
+    return gain
+
+
 class LeakyReluCache(NamedTuple):
     gain: object  # (...) 1 where x > 0, slope elsewhere: dy/dx
 
@@ -82,10 +91,7 @@ def leaky_relu_forward(x, params, *, slope=0.1):
     """
     check_float("x", x)
     check_params("leaky_relu", params, {}, x.dtype)
-    one, s = x.dtype.type(1), x.dtype.type(slope)
-    gain = (x > 0).astype(x.dtype)    # (...) 1 or 0; then scaled in place to 1 or slope
-    gain *= one - s
-    gain += s
+    gain = leaky_gain(x, slope)       # (...)
     return gain * x, LeakyReluCache(gain)
 
 
