@@ -63,8 +63,14 @@ def softmax_backward(dy, cache):
 
 
 def softmax_rows_backward(dy, y):
-    """The softmax Jacobian-vector product, for kernels that keep their own probabilities."""
-    return y * (dy - row_sum(dy * y))  # (..., N)
+    """The softmax Jacobian-vector product, for kernels that keep their own probabilities:
+    y * (dy - <dy, y>), in place on one fresh array (dy and y are left as they are)."""
+    xp = array_module(dy)
+    dx = dy * y                        # (..., N)
+    inner = row_sum(dx)                # (..., 1) <dy, y>
+    xp.subtract(dy, inner, out=dx)     # (..., N) dy - <dy, y>
+    dx *= y
+    return dx
 
 
 def leaky_gain(x, slope):
