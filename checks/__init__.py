@@ -5,6 +5,7 @@
 import jax
 
 jax.config.update("jax_enable_x64", True)
+from checks import jax_cache; jax_cache.enable()  # noqa: E402,E702  compiled programs persist
 
 from checks.engine import Report, TensorResult, check_layer, format_table  # noqa: E402
 from checks.assertions import assert_layer  # noqa: E402

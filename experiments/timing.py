@@ -1,7 +1,14 @@
-"""Timing that compares in one run: interleaved repeats, medians, and the BLAS thread setting."""
+"""Timing that compares in one run: interleaved repeats, medians, the BLAS thread setting, and
+what the run ran on (BLAS library and kernel, threads, JAX and PyTorch), with a warning when
+OPENBLAS_CORETYPE forces OpenBLAS onto another kernel than the one it detects for the CPU."""
 from __future__ import annotations
 
 import contextlib
+import json
+import os
+import platform
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -50,9 +57,115 @@ def blas_threads(n: int):
 
 
 def blas_info() -> list:
+    """The BLAS libraries loaded in this process (threadpoolctl): library, version, default
+    threads, threading layer and kernel ("architecture": the core type OpenBLAS runs)."""
     from threadpoolctl import threadpool_info
-    return [{k: lib.get(k) for k in ("internal_api", "version", "num_threads", "architecture")}
-            for lib in threadpool_info() if lib.get("user_api") == "blas"]
+    keys = ("internal_api", "version", "num_threads", "threading_layer", "architecture")
+    return [{k: lib.get(k) for k in keys} for lib in threadpool_info() if lib.get("user_api") == "blas"]
+
+
+# OpenBLAS's core-type overrides: set, they replace the kernel it detects for the CPU
+CORETYPE_VARS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "XLA_FLAGS")
+
+
+def unforced_env(env=None) -> dict:
+    """A copy of env (default os.environ) without OpenBLAS's core-type overrides."""
+    return {k: v for k, v in (os.environ if env is None else env).items() if k not in CORETYPE_VARS}
+
+
+def detected_blas_kernel() -> list:
+    """The kernels OpenBLAS picks for this CPU by itself: blas_info() in a fresh process whose
+    environment lacks CORETYPE_VARS."""
+    code = "import json, numpy; from experiments import timing; print(json.dumps(timing.blas_info()))"
+    done = subprocess.run([sys.executable, "-c", code], env=unforced_env(), capture_output=True,
+                          text=True, timeout=120, cwd=os.path.dirname(os.path.dirname(__file__)))
+    if done.returncode:
+        return []
+    return [lib.get("architecture") for lib in json.loads(done.stdout.splitlines()[-1])]
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _torch_info(threads: int) -> dict:
+    try:
+        import torch
+    except ImportError:
+        return {"version": None}
+    default = torch.get_num_threads()
+    config = torch.__config__.show()
+    blas = next((part.split("=", 1)[1] for part in config.replace(",", " ").split()
+                 if part.startswith("BLAS_INFO=")), "unknown")
+    return {"version": torch.__version__, "blas": blas, "default_threads": default,
+            "threads": threads or default, "interop_threads": torch.get_num_interop_threads()}
+
+
+def environment(threads: int) -> dict:
+    """What a timing ran on.  threads: the BLAS (and PyTorch intra-op) threads the bench sets
+    (0: the libraries' defaults).  With OPENBLAS_CORETYPE set, 'detected_kernel' names the
+    kernel OpenBLAS picks when it is unset (one extra process)."""
+    import jax
+    import numpy
+    env = {"cpu": _cpu_model(), "cpus": os.cpu_count(), "machine": platform.machine(),
+           "load_average": [round(x, 2) for x in os.getloadavg()],
+           "python": platform.python_version(), "numpy": numpy.__version__,
+           "blas": blas_info(), "blas_threads": threads or "library default",
+           "env": {k: os.environ[k] for k in CORETYPE_VARS + THREAD_VARS if k in os.environ},
+           "jax": {"version": jax.__version__, "backend": jax.default_backend(),
+                   "devices": len(jax.devices()),
+                   "threads": "XLA_FLAGS: " + os.environ["XLA_FLAGS"] if "XLA_FLAGS" in os.environ
+                   else f"XLA's default (its CPU pool uses all {os.cpu_count()} cores)"},
+           "torch": _torch_info(threads)}
+    if any(k in os.environ for k in CORETYPE_VARS):
+        env["detected_kernel"] = detected_blas_kernel()
+    return env
+
+
+def coretype_warning(env: dict) -> str | None:
+    """A warning when OPENBLAS_CORETYPE (or OPENBLAS_L2_SIZE) is set, None otherwise."""
+    forced = {k: env["env"][k] for k in CORETYPE_VARS if k in env["env"]}
+    if not forced:
+        return None
+    running = ", ".join(str(lib.get("architecture")) for lib in env["blas"]) or "none found"
+    detected = ", ".join(map(str, env.get("detected_kernel") or [])) or "unknown"
+    settings = " ".join(f"{k}={v}" for k, v in forced.items())
+    verdict = ("the same kernel: the setting changes nothing here" if running == detected else
+               "NumPy's products may run below the CPU's own rate, so lab/peer ratios mean "
+               "something else than on a machine without it")
+    return (f"WARNING: {settings} forces OpenBLAS's core type: kernel in use {running}, kernel "
+            f"detected with it unset {detected}; {verdict}. The training steps are also timed "
+            f"with it unset (a second process).")
+
+
+def format_header(env: dict) -> str:
+    """The lines the bench prints first."""
+    blas = "; ".join(f"{lib['internal_api']} {lib['version']}, kernel {lib['architecture']}, "
+                     f"{lib['num_threads']} threads by default ({lib['threading_layer']})"
+                     for lib in env["blas"]) or "none found by threadpoolctl"
+    torch = env["torch"]
+    torch_line = ("not installed" if torch["version"] is None else
+                  f"{torch['version']} (BLAS {torch['blas']}), intra-op threads {torch['threads']} (default "
+                  f"{torch['default_threads']}), inter-op threads {torch['interop_threads']}")
+    jax = env["jax"]
+    lines = [f"machine: {env['cpu']} ({env['machine']}), {env['cpus']} CPUs, load average "
+             f"{' '.join(map(str, env['load_average']))} (1, 5, 15 min)",
+             f"BLAS: {blas}; the bench sets {env['blas_threads']} thread(s)",
+             f"numpy {env['numpy']}, python {env['python']}",
+             f"jax {jax['version']} on {jax['backend']} ({jax['devices']} devices), threads: {jax['threads']}",
+             f"torch: {torch_line}",
+             "environment: " + (" ".join(f"{k}={v}" for k, v in env["env"].items())
+                                or f"none of {', '.join(CORETYPE_VARS + THREAD_VARS)} set")]
+    warning = coretype_warning(env)
+    return "\n".join(lines + ([warning] if warning else []))
 
 
 def matmul(xp, dtype, n: int = 1024):

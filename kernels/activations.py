@@ -29,7 +29,9 @@ def softmax_rows(logits, keep=None):
     underflows to 0): multiplying exp() by keep is the same maths without the huge logits.
     """
     xp = array_module(logits)
-    if float(abs(logits).max()) < SAFE_LOGIT:
+    # max |logit| from the largest and the smallest: two reductions, no |logits| array (NaN in
+    # both propagates, and NaN < SAFE_LOGIT is False)
+    if max(float(logits.max()), -float(logits.min())) < SAFE_LOGIT:
         e = xp.exp(logits)                                                # (..., N)
     else:  # large logits: the textbook per-row shift, with the mask added before the max
         if keep is not None:
@@ -61,8 +63,23 @@ def softmax_backward(dy, cache):
 
 
 def softmax_rows_backward(dy, y):
-    """The softmax Jacobian-vector product, for kernels that keep their own probabilities."""
-    return y * (dy - row_sum(dy * y))  # (..., N)
+    """The softmax Jacobian-vector product, for kernels that keep their own probabilities:
+    y * (dy - <dy, y>), in place on one fresh array (dy and y are left as they are)."""
+    xp = array_module(dy)
+    dx = dy * y                        # (..., N)
+    inner = row_sum(dx)                # (..., 1) <dy, y>
+    xp.subtract(dy, inner, out=dx)     # (..., N) dy - <dy, y>
+    dx *= y
+    return dx
+
+
+def leaky_gain(x, slope):
+    """(...) 1 where x > 0, slope elsewhere: 0 or 1 first, then scaled in place."""
+    one, s = x.dtype.type(1), x.dtype.type(slope)
+    gain = (x > 0).astype(x.dtype)    # (...) 1 or 0
+    gain *= one - s
+    gain += s
+    return gain
 
 
 class LeakyReluCache(NamedTuple):
@@ -80,10 +97,7 @@ def leaky_relu_forward(x, params, *, slope=0.1):
     """
     check_float("x", x)
     check_params("leaky_relu", params, {}, x.dtype)
-    one, s = x.dtype.type(1), x.dtype.type(slope)
-    gain = (x > 0).astype(x.dtype)    # (...) 1 or 0; then scaled in place to 1 or slope
-    gain *= one - s
-    gain += s
+    gain = leaky_gain(x, slope)       # (...)
     return gain * x, LeakyReluCache(gain)
 
 

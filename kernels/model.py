@@ -188,8 +188,8 @@ def pre_norm_residual_backward(dout, cache, *, layer_backward):
     """Through the layer, then the norm, plus the residual path: (dx or (dx, dextra), grads)."""
     dinputs, grads = layer_backward(dout, cache.layer)
     dn, dextra = dinputs if isinstance(dinputs, tuple) else (dinputs, None)  # cross-attention: (dx, dz)
-    dn, _ = rms_norm_backward(dn, cache.norm)                            # (B, T, D) through the norm
-    dx = dout + dn                                                       # residual: both paths add
+    dx, _ = rms_norm_backward(dn, cache.norm)                            # (B, T, D) through the norm
+    dx += dout                          # residual: both paths add (in place: the norm's fresh array)
     return dx if dextra is None else (dx, dextra), grads
 
 

@@ -1,6 +1,7 @@
 """Parameter-free RMS normalisation over the last axis."""
 from typing import NamedTuple
 
+from kernels.activations import row_sum
 from kernels.backend import array_module, check_float, check_params
 from kernels.precision import half_precision_backward, half_precision
 
@@ -18,14 +19,24 @@ def rms_norm_forward(x, params, *, eps=EPS):
     check_float("x", x)
     check_params("rms_norm", params, {}, x.dtype)
     xp = array_module(x)
-    inv_rms = 1 / xp.sqrt((x * x).mean(axis=-1, keepdims=True) + eps)  # (..., 1)
-    y = x * inv_rms                                                      # (..., D)
+    D = x.shape[-1]
+    inv_rms = row_sum(x * x)                  # (..., 1) sum of squares (a product: faster than mean)
+    inv_rms *= x.dtype.type(1 / D)            # mean of squares, then in place on the small array:
+    inv_rms += x.dtype.type(eps)
+    xp.sqrt(inv_rms, out=inv_rms)
+    xp.reciprocal(inv_rms, out=inv_rms)       # 1 / sqrt(mean(x^2) + eps)
+    y = x * inv_rms                           # (..., D)
     return y, RmsNormCache(y, inv_rms)
 
 
 @half_precision_backward
 def rms_norm_backward(dy, cache):
     """dx = (dy - y * mean(dy * y)) / rms: the direct term minus the term through the rms."""
-    y, inv_rms = cache
-    dx = (dy - y * (dy * y).mean(axis=-1, keepdims=True)) * inv_rms  # (..., D)
+    y, inv_rms = cache.y, cache.inv_rms
+    xp = array_module(dy)
+    mean_dy_y = row_sum(dy * y)                               # (..., 1) sum over D ...
+    mean_dy_y *= dy.dtype.type(1 / y.shape[-1])               # ... then the mean
+    dx = y * mean_dy_y                                        # (..., D) the term through the rms
+    xp.subtract(dy, dx, out=dx)                               # direct term minus it, in place
+    dx *= inv_rms                                             # (..., D)
     return dx, {}

@@ -65,6 +65,10 @@ def format_of(*arrays, where="arrays"):
     """The half-precision format of the floating arrays given, or None when there is none.
     Mixed formats beside a half-precision one are a TypeError naming ``where`` (the kernels
     never promote)."""
+    # the common case first: no array of two-byte elements, so no half-precision one (one
+    # attribute read per array: this runs on every kernel call)
+    if all(getattr(getattr(a, "dtype", None), "itemsize", 0) != 2 for a in arrays):
+        return None
     floats = [a for a in arrays if hasattr(a, "dtype") and is_float_dtype(a.dtype)]
     half = [a.dtype for a in floats if is_half(a.dtype)]
     if not half:

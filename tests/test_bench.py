@@ -18,3 +18,96 @@ def test_compare_measures_every_candidate_round_robin():
 def test_config_rejects_bad_values(field, value, message):
     with pytest.raises(ValueError, match=message):
         bench.Config(**{field: value})
+
+
+def test_header_names_the_blas_kernel_threads_and_versions():
+    import jax
+    env = timing.environment(threads=1)
+    header = timing.format_header(env)
+    assert env["blas"], "threadpoolctl finds NumPy's BLAS"
+    for lib in env["blas"]:
+        assert f"{lib['internal_api']} {lib['version']}, kernel {lib['architecture']}" in header
+        assert f"{lib['num_threads']} threads by default" in header
+    assert "the bench sets 1 thread(s)" in header
+    assert f"jax {jax.__version__} on {jax.default_backend()}" in header
+    torch = env["torch"]
+    assert ("torch: not installed" in header if torch["version"] is None else
+            f"torch: {torch['version']} (BLAS {torch['blas']}), intra-op threads 1" in header)
+    assert ("WARNING" in header) == any(k in env["env"] for k in timing.CORETYPE_VARS)
+
+
+def test_unforced_env_drops_only_the_core_type_overrides():
+    env = {"OPENBLAS_CORETYPE": "Haswell", "OPENBLAS_L2_SIZE": "1048576", "OMP_NUM_THREADS": "1"}
+    assert timing.unforced_env(env) == {"OMP_NUM_THREADS": "1"}
+
+
+@pytest.mark.slow
+def test_a_forced_core_type_is_warned_about_and_named():
+    """A process with OPENBLAS_CORETYPE=Haswell prints the warning; on x86-64 OpenBLAS then runs
+    the Haswell kernel, and the warning names the kernel detected with the variable unset."""
+    import json
+    import os
+    import platform
+    import subprocess
+    import sys
+    code = ("import json; from experiments import timing; env = timing.environment(1); "
+            "print(timing.format_header(env)); print(json.dumps(env))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          env={**os.environ, "OPENBLAS_CORETYPE": "Haswell"})
+    *header, env = done.stdout.strip().splitlines()
+    env, header = json.loads(env), "\n".join(header)
+    assert env["env"]["OPENBLAS_CORETYPE"] == "Haswell"
+    assert "WARNING: OPENBLAS_CORETYPE=Haswell forces OpenBLAS's core type" in header
+    detected = ", ".join(map(str, env["detected_kernel"]))
+    assert f"kernel detected with it unset {detected}" in header
+    if platform.machine() in ("x86_64", "AMD64") and env["blas"][0]["internal_api"] == "openblas":
+        assert env["blas"][0]["architecture"] == "Haswell"
+        assert "kernel Haswell" in header
+
+
+@pytest.mark.slow
+def test_with_a_forced_core_type_the_steps_are_timed_under_both_settings(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+    subprocess.run([sys.executable, "-m", "experiments", "bench", "--sizes", "article",
+                    "--repeats", "1", "--warmup", "0", "--no-layers", "--no-shares", "--no-extras",
+                    "--no-half", "--no-peers"], capture_output=True, text=True, check=True,
+                   env={**os.environ, "OPENBLAS_CORETYPE": "Haswell", "GRADLAB_RESULTS": str(tmp_path)})
+    saved = json.loads((tmp_path / "bench" / "bench.json").read_text())
+    assert saved["environment"]["env"]["OPENBLAS_CORETYPE"] == "Haswell"
+    assert "WARNING: OPENBLAS_CORETYPE=Haswell" in saved["header"]
+    unforced = saved["unforced"]
+    assert "OPENBLAS_CORETYPE" not in unforced["environment"]["env"]
+    assert [r["size"] for r in unforced["steps"]] == ["article"]
+    assert all(r["lab_ms"] > 0 and r["jax_ms"] > 0 for r in unforced["steps"])
+
+
+@pytest.mark.slow
+def test_the_checker_and_its_peers_are_timed_on_the_same_layer_in_a_fresh_process():
+    from experiments import checker_cost, peers_torch
+    r = checker_cost.in_child("layer_check_times", sizes={}, peers=True)
+    assert r["check_layer_ok"] and r["check_grads_ok"]
+    assert r["check_layer_first"] > 0 and r["check_layer_warm"] > 0 and r["check_grads_warm"] > 0
+    if peers_torch.available():  # the PyTorch twin's gradients pass gradcheck in both modes
+        assert r["gradcheck_ok"] and r["gradcheck_fast_ok"]
+    text = checker_cost.format_cost({"layer": {"registry": r}, "model": {}})
+    assert f"{r['check_layer_first']:.3f} s" in text and "FAILED" not in text
+
+
+@pytest.mark.slow
+def test_a_child_above_the_memory_cap_is_stopped(monkeypatch):
+    from experiments import checker_cost
+    monkeypatch.setattr(checker_cost, "MEMORY_CAP", 2 ** 20)  # 1 MiB: any Python process passes it
+    r = checker_cost.in_child("model_check_cost", sizes={})
+    assert r == {"error": f"stopped above {2 ** 20 / 2 ** 30:.3g} GiB of memory"}
+
+
+def test_checker_targets_are_judged_on_the_measured_figures():
+    from experiments import checker_cost
+    cost = {"layer": {"registry": {"check_layer_first_cached": 0.7}},
+            "model": {"large": {"seconds": 20.0, "peak_bytes": 3 * 2 ** 30, "ok": True}}}
+    lines = checker_cost.target_lines(cost)
+    assert "<= 0.5 s: NOT met (0.70 s)" in lines[0]
+    assert "<= 30 s and <= 4 GiB: met (20.0 s, 3.00 GiB)" in lines[1]

@@ -1,0 +1,56 @@
+"""JAX's persistent compilation cache: compiled oracle programs kept in a user cache folder, so a
+second process (the suite, ``python -m checks``, a calibration) loads them instead of compiling.
+
+Folder: ``$GRADLAB_JAX_CACHE`` when set (``off`` or an empty value turns the cache off), else
+``$XDG_CACHE_HOME/gradlab/jax`` (``~/.cache/gradlab/jax``).  A folder already chosen through JAX's
+own setting (``JAX_COMPILATION_CACHE_DIR``) is left as it is.  Only programs that took at least
+MIN_COMPILE_SECONDS to compile are written: reading a file costs about as much as compiling a
+tiny program again.  With the ``filelock`` package installed the cache is bounded (MAX_BYTES,
+least recently used entries go first) and JAX locks the folder around reads and writes, so
+parallel test workers never read a half-written entry; without it the folder grows without a
+bound and an entry read while another process writes it fails its checksum: JAX warns and
+compiles the program again.
+
+Only the XLA compilation is saved: tracing and lowering still run in every process.
+"""
+from __future__ import annotations
+
+import os
+import pathlib
+
+ENV = "GRADLAB_JAX_CACHE"
+MIN_COMPILE_SECONDS = 0.1  # the check's vjp and rounding programs take 0.3-2 s; its small ones < 0.02 s
+MAX_BYTES = 512 * 2 ** 20  # entries of the registry's checks are 10-100 kB each
+
+
+def folder(environ=None) -> pathlib.Path | None:
+    """The cache folder the environment asks for, or None when the cache is off."""
+    environ = os.environ if environ is None else environ
+    if ENV in environ:
+        value = environ[ENV].strip()
+        return None if value.lower() in ("", "off") else pathlib.Path(value).expanduser()
+    base = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return pathlib.Path(base) / "gradlab" / "jax"
+
+
+def enable(environ=None) -> pathlib.Path | None:
+    """Switch the persistent cache on (once, where the checks start); the folder in use, or None
+    when it is off or cannot be created."""
+    import jax
+    if jax.config.jax_compilation_cache_dir:  # the user chose one through JAX itself
+        return pathlib.Path(jax.config.jax_compilation_cache_dir)
+    path = folder(environ)
+    if path is None:
+        return None
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError:  # no writable home: compile as before
+        return None
+    jax.config.update("jax_compilation_cache_dir", str(path))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_SECONDS)
+    try:
+        import filelock  # noqa: F401  (JAX's bounded cache locks the folder with it)
+    except ImportError:
+        return path
+    jax.config.update("jax_compilation_cache_max_size", MAX_BYTES)
+    return path

@@ -1,0 +1,212 @@
+"""The checker's own cost, as bench rows: one layer check against PyTorch's ``gradcheck`` and
+JAX's ``check_grads`` on the same layer and inputs, and the whole-model check's time and memory.
+
+Every figure comes from a fresh process, so a "first call" includes JAX's tracing and
+compilation and a peak is that process's own maximum resident memory (``ru_maxrss``):
+
+* layer (self-attention, float64, the registry's row ``mha``) at LAYER_SIZES: ``check_layer``
+  first call and warm (a second call), in a process with an empty persistent compilation cache
+  (checks.jax_cache) and again in a second process that reads it; ``gradcheck`` in its default
+  (full Jacobian) and fast mode on the PyTorch twin of the layer (experiments.peers_torch), when
+  PyTorch is installed; ``check_grads`` (order 1, reverse mode) on the JAX oracle, first and warm.
+* whole model (registry row ``model``, float64) at MODEL_SIZES: time and peak memory.  A child
+  whose resident memory passes MEMORY_CAP is stopped (the machine is shared) and reported so.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+# sizes of the layer check: the registry's defaults, and a larger attention layer
+LAYER_SIZES = {"registry": {}, "larger": {"B": 4, "T": 32, "S": 32, "D": 64, "H": 4}}
+# sizes of the whole-model check (its row fixes D, H, F, V): the registry's, and the bench's
+# large training step's batch and length
+MODEL_SIZES = {"registry": {}, "large": {"B": 32, "T": 64}}
+MEMORY_CAP = 16 * 2 ** 30  # bytes of resident memory a child may reach before it is stopped
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _peak_bytes() -> int:
+    import resource
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else 1024 * peak  # Linux counts kB
+
+
+def _seconds(fn):
+    start = time.perf_counter()
+    value = fn()
+    return time.perf_counter() - start, value
+
+
+# --- what the child processes run ----------------------------------------------------------
+
+def layer_check_times(sizes: dict, peers: bool = True) -> dict:
+    """check_layer first and warm; with peers, also check_grads and gradcheck (both modes)."""
+    import checks  # noqa: F401  (x64 and the persistent cache, as every check starts)
+    from checks.registry import BY_NAME, run_row
+    row = BY_NAME["mha"]
+    first, report = _seconds(lambda: run_row(row, np.float64, sizes=sizes))
+    warm, _ = _seconds(lambda: run_row(row, np.float64, sizes=sizes))
+    out = {"check_layer_first": first, "check_layer_warm": warm, "check_layer_ok": report.ok}
+    if peers:
+        inputs, params, _ = row.case(np.random.default_rng(0), np.float64, sizes)
+        out.update(_check_grads_times(row.oracle, inputs[0], params))
+        out.update(_gradcheck_times(inputs[0], params))
+    return out
+
+
+def _check_grads_times(oracle, x, params) -> dict:
+    import jax.numpy as jnp
+    from jax.test_util import check_grads
+    names = sorted(params)
+    args = (jnp.asarray(x), *(jnp.asarray(params[k]) for k in names))
+
+    def run():
+        try:
+            check_grads(lambda x, *w: oracle(x, dict(zip(names, w))), args, order=1, modes=("rev",))
+            return True
+        except AssertionError:
+            return False
+    first, ok = _seconds(run)
+    warm, _ = _seconds(run)
+    return {"check_grads_first": first, "check_grads_warm": warm, "check_grads_ok": ok}
+
+
+def _gradcheck_times(x, params) -> dict:
+    from experiments import peers_torch
+    if not peers_torch.available():
+        return {"gradcheck_note": peers_torch.INSTALL_HINT}
+    import torch
+    names = sorted(params)
+    args = tuple(torch.tensor(np.asarray(a), requires_grad=True)
+                 for a in (x, *(params[k] for k in names)))
+
+    def layer(x, *w):
+        return peers_torch.attention(x, x, dict(zip(names, w)))
+    out = {}
+    for mode, fast in (("gradcheck", False), ("gradcheck_fast", True)):
+        out[mode], out[mode + "_ok"] = _seconds(lambda: torch.autograd.gradcheck(
+            layer, args, fast_mode=fast, raise_exception=False))
+    return out
+
+
+def model_check_cost(sizes: dict) -> dict:
+    """The whole-model check's seconds, verdict and this process's peak resident memory."""
+    import checks  # noqa: F401
+    from checks.registry import BY_NAME, run_row
+    seconds, report = _seconds(lambda: run_row(BY_NAME["model"], np.float64, sizes=sizes))
+    return {"seconds": seconds, "ok": report.ok, "peak_bytes": _peak_bytes()}
+
+
+# --- the parent's side ----------------------------------------------------------------------
+
+def _rss(pid) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as handle:
+            return next(1024 * int(line.split()[1]) for line in handle if line.startswith("VmRSS"))
+    except (OSError, StopIteration):
+        return 0
+
+
+def in_child(function: str, env=None, **kwargs) -> dict:
+    """checker_cost.function(**kwargs) in a fresh process: its JSON result, or {"error": ...}
+    (also when its resident memory passes MEMORY_CAP, polled where /proc exists)."""
+    code = ("import json, sys; from experiments import checker_cost as c; "
+            f"print(json.dumps(c.{function}(**json.loads(sys.argv[1]))))")
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        child = subprocess.Popen([sys.executable, "-c", code, json.dumps(kwargs)], cwd=ROOT,
+                                 env=env, stdout=out, stderr=err, text=True)
+        peak = 0
+        while child.poll() is None:
+            peak = max(peak, _rss(child.pid))
+            if peak > MEMORY_CAP:
+                child.kill()
+                child.wait()
+                return {"error": f"stopped above {MEMORY_CAP / 2 ** 30:.3g} GiB of memory"}
+            time.sleep(0.1)
+        out.seek(0), err.seek(0)
+        if child.returncode:
+            return {"error": (err.read().strip().splitlines() or ["no output"])[-1]}
+        return json.loads(out.read().strip().splitlines()[-1])
+
+
+def measure(peers: bool = True) -> dict:
+    """Every figure of the module docstring: {"layer": {size: {...}}, "model": {size: {...}}}."""
+    layer = {}
+    for name, sizes in LAYER_SIZES.items():
+        with tempfile.TemporaryDirectory() as cache:  # an empty persistent cache, then a full one
+            env = {**os.environ, "GRADLAB_JAX_CACHE": cache}
+            env.pop("JAX_COMPILATION_CACHE_DIR", None)
+            layer[name] = in_child("layer_check_times", env, sizes=sizes, peers=peers)
+            again = in_child("layer_check_times", env, sizes=sizes, peers=False)
+            layer[name]["check_layer_first_cached"] = again.get("check_layer_first", float("nan"))
+    model = {name: in_child("model_check_cost", sizes=sizes) for name, sizes in MODEL_SIZES.items()}
+    return {"layer": layer, "model": model}
+
+
+def _size_text(name, sizes, base) -> str:
+    return f"{name} (" + " ".join(f"{k} {v}" for k, v in {**base, **sizes}.items()) + ")"
+
+
+def format_cost(cost: dict) -> str:
+    """Two tables: the layer check against its peers, the whole-model check's time and memory."""
+    from checks.registry import DEFAULT_SIZES
+
+    base = {k: DEFAULT_SIZES[k] for k in ("B", "T", "S", "D", "H")}
+    cols = (("check_layer first", "check_layer_first", "check_layer_ok"),
+            ("first, cached", "check_layer_first_cached", "check_layer_ok"),
+            ("check_layer warm", "check_layer_warm", "check_layer_ok"),
+            ("gradcheck", "gradcheck", "gradcheck_ok"),
+            ("gradcheck fast", "gradcheck_fast", "gradcheck_fast_ok"),
+            ("check_grads first", "check_grads_first", "check_grads_ok"),
+            ("check_grads warm", "check_grads_warm", "check_grads_ok"))
+
+    def cell(r, key, ok):  # seconds, and FAILED when that check did not pass
+        return "-" if key not in r else f"{r[key]:.3f} s" + ("" if r.get(ok, True) else " FAILED")
+
+    head = f"{'self-attention, float64':44s}" + "".join(f" {c:>18s}" for c, _, _ in cols)
+    lines = [head, "-" * len(head)]
+    for name, r in cost["layer"].items():
+        label = _size_text(name, LAYER_SIZES[name], base)
+        if "error" in r:
+            lines.append(f"{label:44s} {r['error']}")
+            continue
+        lines.append(f"{label:44s}" + "".join(f" {cell(r, key, ok):>18s}" for _, key, ok in cols))
+        if r.get("gradcheck_note"):
+            lines.append(f"  gradcheck: {r['gradcheck_note']}")
+    lines += ["", f"{'whole-model check, float64':44s} {'time':>12s} {'peak memory':>14s}"]
+    for name, r in cost["model"].items():
+        label = _size_text(name, MODEL_SIZES[name], {k: DEFAULT_SIZES[k] for k in ("B", "T")})
+        lines.append(f"{label:44s} " + (r["error"] if "error" in r else
+                     f"{r['seconds']:10.1f} s {r['peak_bytes'] / 2 ** 30:10.2f} GiB"
+                     + ("" if r["ok"] else "  FAILED")))
+    return "\n".join(lines)
+
+
+# targets: the first call with the persistent cache at the registry's size; the whole-model
+# check at the large size
+FIRST_CACHED_MOST = 0.5          # seconds
+MODEL_MOST = (30.0, 4 * 2 ** 30)  # seconds, bytes
+
+
+def target_lines(cost: dict) -> list:
+    lines = []
+    r = cost["layer"].get("registry", {})
+    if "check_layer_first_cached" in r:
+        got = r["check_layer_first_cached"]
+        lines.append(f"target check_layer first call at the registry's size, persistent cache: "
+                     f"<= {FIRST_CACHED_MOST} s: {'met' if got <= FIRST_CACHED_MOST else 'NOT met'} "
+                     f"({got:.2f} s)")
+    m = cost["model"].get("large", {})
+    if "seconds" in m:
+        ok = m["seconds"] <= MODEL_MOST[0] and m["peak_bytes"] <= MODEL_MOST[1]
+        lines.append(f"target whole-model check at the large size: <= {MODEL_MOST[0]:.0f} s and "
+                     f"<= {MODEL_MOST[1] / 2 ** 30:.0f} GiB: {'met' if ok else 'NOT met'} "
+                     f"({m['seconds']:.1f} s, {m['peak_bytes'] / 2 ** 30:.2f} GiB)")
+    return lines
