@@ -6,7 +6,7 @@ yields one mutant per place it applies to:
 
     drop term        a + b -> a, b;  a - b -> a, -b;  x += y dropped
     drop factor      a * b -> a, b;  a / b -> a;  a @ b -> a, b;  x *= y dropped
-    flip sign        a + b <-> a - b;  -a -> a;  x += y <-> x -= y
+    flip sign        a + b <-> a - b;  -a -> a;  a * b, a @ b -> -(...);  x += y <-> x -= y
     swap operands    a - b, a / b, a @ b reversed; two arguments of a call swapped
     swap cached      two fields of the cache swapped (cache.q <-> cache.k, or two names of
                      ``a, b, ... = cache``)
@@ -29,6 +29,8 @@ import dataclasses
 import difflib
 import itertools
 import pathlib
+import sys
+import types
 from typing import Callable, Iterator
 
 OPERATORS = ("drop term", "drop factor", "flip sign", "swap operands", "swap cached",
@@ -163,6 +165,7 @@ def _ops_binop(node, ctx):
     elif isinstance(op, ast.Mult):
         yield "drop factor", l
         yield "drop factor", r
+        yield "flip sign", _neg(node)
     elif isinstance(op, ast.Div):
         if isinstance(l, ast.Constant) and l.value == 1:   # 1 / e: a constant's reciprocal
             yield "constant", r
@@ -173,6 +176,7 @@ def _ops_binop(node, ctx):
     elif isinstance(op, ast.MatMult):
         yield "drop factor", l
         yield "drop factor", r
+        yield "flip sign", _neg(node)
         yield "swap operands", _binop(r, ast.MatMult(), l)
         for side in ("left", "right"):
             operand = getattr(node, side)
@@ -184,6 +188,11 @@ def _ops_binop(node, ctx):
 
 def _is_transposed(node):
     return (isinstance(node, ast.Attribute) and node.attr == "T") or _call_name(node) in TRANSPOSES
+
+
+def _ops_attribute(node, ctx):
+    if isinstance(node, ast.Attribute) and node.attr == "T":
+        yield "transpose", node.value
 
 
 def _ops_augassign(node, ctx):
@@ -304,7 +313,7 @@ def _ops_cached(node, ctx):
             yield "swap cached", new
 
 
-SITE_OPERATORS = (_ops_binop, _ops_augassign, _ops_unary, _ops_call, _ops_subscript,
+SITE_OPERATORS = (_ops_binop, _ops_attribute, _ops_augassign, _ops_unary, _ops_call, _ops_subscript,
                   _ops_constant, _ops_cached)
 
 
@@ -454,9 +463,15 @@ class Source:
         """A fresh namespace holding the module executed from its source, with the mutant's
         function mutated (the original without one)."""
         tree = self.tree if mutant is None else ast.fix_missing_locations(self.tree_of(mutant))
-        namespace = {"__name__": _mutant_module_name(self.name), "__file__": self.filename}
-        exec(compile(tree, f"<mutant of {self.filename}>", "exec"), namespace)
-        return namespace
+        module = types.ModuleType(_mutant_module_name(self.name))
+        module.__file__ = self.filename
+        # listed while it runs: a dataclass being defined looks its module up there
+        sys.modules[module.__name__] = module
+        try:
+            exec(compile(tree, f"<mutant of {self.filename}>", "exec"), module.__dict__)
+        finally:
+            del sys.modules[module.__name__]
+        return module.__dict__
 
     def diff(self, mutant: Mutant) -> str:
         """The mutant's function, as a unified diff against the original."""

@@ -436,3 +436,65 @@ def summary(outcomes, dtypes) -> str:
                      f"hand {_pct(total.blamed.get(d, 0), total.caught.get(d, 0))}, explained "
                      f"{_pct(total.explained.get(d, 0), total.caught.get(d, 0))}")
     return "\n".join(parts)
+
+
+# --- the command ------------------------------------------------------------------------------
+
+DOCS_SECTION = "mutate"
+
+
+def cli(parser_class):
+    """(parser, run) of ``python -m checks mutate`` for checks/__main__.py."""
+    from kernels.precision import FORMATS
+    p = parser_class(prog="python -m checks mutate",
+                     description="mutation testing: hand-derivation mistakes generated from each "
+                                 "backward's source, each checked; scores per kernel and "
+                                 "operator, and the survivors with their diff")
+    p.add_argument("--kernel", action="append",
+                   help="only this backward (a function, or a module: attention) (repeatable)")
+    p.add_argument("--operator", action="append", choices=OPERATORS,
+                   help="only this operator (repeatable)")
+    p.add_argument("--dtype", action="append", choices=FORMATS,
+                   help="a format to check (repeatable; default float64 then float32)")
+    p.add_argument("--limit", type=int, default=None,
+                   help="at most N mutants per backward (spread over its operators)")
+    p.add_argument("--module", metavar="PATH",
+                   help="a user's module of layers (with ROWS) instead of kernels/")
+    p.add_argument("--workers", type=int, default=0,
+                   help="worker processes of a local Dask cluster (0: in this process)")
+    p.add_argument("--write-docs", action="store_true",
+                   help="write the per-kernel and per-operator tables into docs/zoo.md")
+    return p, command
+
+
+def command(args) -> int:
+    dtypes = tuple(args.dtype or ("float64", "float32"))
+    if args.limit is not None and args.limit < 1:
+        return _usage(f"--limit: expected a positive integer, got {args.limit}")
+    if args.workers < 0:
+        return _usage(f"--workers: expected an integer >= 0, got {args.workers}")
+    try:
+        outcomes = run(args.module, args.kernel, args.operator, dtypes, args.limit,
+                       workers=args.workers)
+    except ValueError as exc:
+        return _usage(str(exc))
+    by_kernel = format_scores(scores(outcomes, lambda o: o.mutant.function, dtypes), dtypes,
+                              "kernel")
+    by_operator = format_scores(scores(outcomes, lambda o: o.mutant.operator, dtypes), dtypes,
+                                "operator")
+    patterns = format_patterns(outcomes, dtypes[0])
+    print("\n\n".join([by_kernel, by_operator, patterns, summary(outcomes, dtypes)]))
+    print("\nunexplained (caught, no pattern named):\n" + format_unexplained(outcomes, dtypes[0]))
+    print("\n" + format_survivors(outcomes, dtypes, args.module))
+    if args.write_docs:
+        from checks.docs import DOCS, write_section
+        write_section(DOCS / "zoo.md", DOCS_SECTION, "\n".join([
+            f"`$ python -m checks {args.command_line}`", "", by_operator, "", by_kernel, "",
+            patterns, "", "```", summary(outcomes, dtypes), "```"]))
+        print(f"wrote the tables into {DOCS / 'zoo.md'}")
+    return 0 if not survivors(outcomes, dtypes) else 1
+
+
+def _usage(message) -> int:
+    print(f"python -m checks mutate: error: {message}", file=sys.stderr)
+    return 2

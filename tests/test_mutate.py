@@ -1,0 +1,107 @@
+"""Mutation testing (checks/mutants.py, checks/mutate.py) on small slices: the mutants a kernel's
+source gives, equivalence and raising mutants set aside, and the check's verdicts on the rest."""
+import pathlib
+
+import numpy as np
+import pytest
+
+import kernels.linear
+from checks import mutate
+from checks.__main__ import main
+from checks.mutants import OPERATORS, Source
+
+EXAMPLE = pathlib.Path(__file__).resolve().parents[1] / "examples" / "my_layers.py"
+
+
+def test_linear_mutants_are_the_expected_mistakes():
+    source = Source.of_module(kernels.linear)
+    mutants = source.mutants("linear_backward")
+    described = {(m.operator, m.before, m.after) for m in mutants}
+    assert ("drop factor", "x2.T @ dy2", "dy2") in described
+    assert ("drop reduction", "dy2.sum(axis=0)", "dy2") in described
+    assert ("transpose", "W.T", "W") in described
+    assert ("swap cached", "x, W = cache", "W, x = cache") in described
+    assert {m.operator for m in mutants} <= set(OPERATORS)
+    # shape arithmetic (W.shape[0], the reshape arguments) is never mutated
+    assert not any("shape" in m.before for m in mutants)
+    assert [m.index for m in mutants] == list(range(len(mutants)))
+
+
+def test_a_mutant_runs_in_a_fresh_namespace_and_leaves_the_kernel_alone():
+    source = Source.of_module(kernels.linear)
+    text = pathlib.Path(kernels.linear.__file__).read_text()
+    original = kernels.linear.linear_backward
+    mutant = next(m for m in source.mutants("linear_backward")
+                  if (m.before, m.after) == ("x2.T @ dy2", "dy2"))
+    namespace = source.load(mutant)
+    assert namespace["linear_backward"] is not original
+    assert kernels.linear.linear_backward is original
+    assert pathlib.Path(kernels.linear.__file__).read_text() == text
+    x, W = np.ones((2, 3)), np.ones((3, 4))
+    _, grads = namespace["linear_backward"](np.ones((2, 4)), kernels.linear.LinearCache(x, W))
+    assert grads["W"].shape == (2, 4)  # dW = dy: the product with x^T dropped
+    assert "-    return (dx, {'W': x2.T @ dy2" in source.diff(mutant)
+
+
+@pytest.mark.slow  # every mutant of the kernel, about 5 s
+def test_linear_equivalent_raising_and_caught_mutants():
+    outcomes = {(o.mutant.operator, o.mutant.before, o.mutant.after): o
+                for o in mutate.run(kernels=["linear_backward"], dtypes=("float64",),
+                                    progress=False)}
+    # summing the (M, N) gradient over axis -2 is the same sum as over axis 0
+    assert outcomes[("reduction axis", "dy2.sum(axis=0)", "dy2.sum(axis=-2)")].status \
+        == "equivalent"
+    # dx = dy without W^T cannot be reshaped to x's shape (V != D): it raises
+    assert outcomes[("drop factor", "dy2 @ W.T", "dy2")].status == "raises"
+    live = [o for o in outcomes.values() if o.status == "live"]
+    assert live and all(o.caught("float64") and o.blamed("float64") for o in live)
+    bias = outcomes[("drop reduction", "dy2.sum(axis=0)", "dy2")]
+    assert bias.rows == ("linear",) and bias.patterns("float64") == ["missing sum"]
+
+
+def test_rms_norm_slice_scores_and_patterns():
+    dtypes = ("float64", "float32")
+    outcomes = mutate.run(kernels=["rms_norm_backward"], operators=["drop term", "flip sign"],
+                          dtypes=dtypes, progress=False)
+    by_change = {(o.mutant.before, o.mutant.after): o for o in outcomes}
+    term = "y * (dy * y).mean(axis=-1, keepdims=True)"
+    missing = by_change[(f"dy - {term}", "dy")]
+    flipped = by_change[(f"dy - {term}", f"dy + {term}")]
+    for o in (missing, flipped):
+        assert o.status == "live" and all(o.caught(d) and o.blamed(d) for d in dtypes)
+    # a missing term and a sign error inside the derivative read apart
+    assert missing.patterns("float64") == ["path missing"]
+    assert flipped.patterns("float64") == ["path sign"]
+    total = mutate.scores(outcomes, lambda o: o.mutant.operator, dtypes)[-1]
+    assert total.mutants == len(outcomes)
+    assert total.live == sum(o.status == "live" for o in outcomes)
+    assert total.caught == {d: total.live for d in dtypes}
+    assert mutate.survivors(outcomes, dtypes) == []
+
+
+def test_pattern_of_reads_the_diagnosis():
+    assert mutate.pattern_of("scaled by a constant: 2 x the right one") == "constant"
+    assert mutate.pattern_of("missing the path through `mul` at x.py:3 (`a * b`)") == \
+        "path missing"
+    assert mutate.pattern_of("no common bug pattern fits") == ""
+    assert mutate.pattern_of("") == ""
+
+
+def test_a_users_module(capsys):
+    status = main(["mutate", "--module", str(EXAMPLE), "--kernel", "softcap_backward",
+                   "--dtype", "float64", "--operator", "flip sign"])
+    out = capsys.readouterr().out
+    assert status == 0  # no survivors
+    assert "softcap_backward" in out and "no survivors" in out
+    outcomes = mutate.run(module=EXAMPLE, kernels=["softcap_backward"],
+                          operators=["flip sign"], dtypes=("float64",), progress=False)
+    assert outcomes and all(o.status == "live" and o.caught("float64") for o in outcomes)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["mutate", "--kernel", "nope_backward"], "no backward named nope_backward"),
+    (["mutate", "--limit", "0"], "--limit: expected a positive integer"),
+])
+def test_usage_errors(argv, message, capsys):
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
