@@ -36,6 +36,7 @@ def test_a_static_number_is_a_constant_of_the_case_only_when_given():
     assert "not a constant of this case" in _softcap(wrong, cap=5.0)
 
 
+@pytest.mark.slow  # RMS norm's oracle attributed first: about 4 s
 def test_a_per_row_factor_left_out():
     """RMS norm's dx without the 1/rms factor: hand x f = right with f one value per row."""
     def no_inv_rms(dy, cache):

@@ -59,6 +59,22 @@ def test_linear_equivalent_raising_and_caught_mutants():
     assert bias.rows == ("linear",) and bias.patterns("float64") == ["missing sum"]
 
 
+def test_dropout_slice_caught_blamed_and_explained():
+    """Every mutant of dropout's one-line backward, float64: the counts and patterns computed."""
+    outcomes = mutate.run(kernels=["dropout_backward"], dtypes=("float64",), progress=False)
+    by_change = {(o.mutant.operator, o.mutant.after): o for o in outcomes}
+    assert set(by_change) == {("drop factor", "dy"), ("drop factor", "cache.scale"),
+                              ("flip sign", "-(dy * cache.scale)")}
+    assert by_change[("drop factor", "dy")].patterns("float64") == ["derivative missing"]
+    assert by_change[("drop factor", "cache.scale")].patterns("float64") == \
+        ["dout factor missing"]
+    assert by_change[("flip sign", "-(dy * cache.scale)")].patterns("float64") == ["sign"]
+    total = mutate.scores(outcomes, lambda o: o.mutant.function, ("float64",))[-1]
+    assert (total.mutants, total.live, total.equivalent, total.raises) == (3, 3, 0, 0)
+    assert total.caught == total.blamed == total.explained == {"float64": 3}
+
+
+@pytest.mark.slow  # two dtypes, a dozen checks with their diagnoses: about 7 s
 def test_rms_norm_slice_scores_and_patterns():
     dtypes = ("float64", "float32")
     outcomes = mutate.run(kernels=["rms_norm_backward"], operators=["drop term", "flip sign"],
@@ -87,6 +103,7 @@ def test_pattern_of_reads_the_diagnosis():
     assert mutate.pattern_of("") == ""
 
 
+@pytest.mark.slow  # the example's oracle compiled and attributed: about 5 s
 def test_a_users_module(capsys):
     status = main(["mutate", "--module", str(EXAMPLE), "--kernel", "softcap_backward",
                    "--dtype", "float64", "--operator", "flip sign"])
