@@ -10,6 +10,9 @@ yields one mutant per place it applies to:
     swap operands    a - b, a / b, a @ b reversed; two arguments of a call swapped
     swap cached      two fields of the cache swapped (cache.q <-> cache.k, or two names of
                      ``a, b, ... = cache``)
+    wrong tensor     one use of a local tensor replaced by another local of the same shape
+                     that exists at that line (dv from da, a softmax of the wrong cached
+                     values); the shapes come from running the original (``local_shapes``)
     transpose        .T, .transpose(...), .swapaxes(...) dropped; an operand of @ transposed
     reduction axis   axis= of sum/mean/max changed; keepdims=True dropped
     drop reduction   x.sum(...), x.mean(...), row_sum(x) -> x
@@ -28,13 +31,14 @@ import copy
 import dataclasses
 import difflib
 import itertools
+import math
 import pathlib
 import sys
 import types
 from typing import Callable, Iterator
 
 OPERATORS = ("drop term", "drop factor", "flip sign", "swap operands", "swap cached",
-             "transpose", "reduction axis", "drop reduction", "shift", "constant")
+             "wrong tensor", "transpose", "reduction axis", "drop reduction", "shift", "constant")
 REDUCTIONS = {"sum", "mean", "max"}
 ROW_REDUCTIONS = {"row_sum"}           # the lab's helper sums over the last axis
 TRANSPOSES = {"transpose", "swapaxes"}
@@ -129,6 +133,8 @@ def _frozen(func: ast.FunctionDef) -> set:
             freeze(node.value)
         if isinstance(node, ast.Subscript):
             freeze(node.slice)
+        if isinstance(node, ast.Attribute) and node.attr in SHAPE_ATTRS:
+            freeze(node.value)  # q.shape: any tensor of q's shape has it
     return frozen
 
 
@@ -347,6 +353,28 @@ def _fields_swaps(func, ctx):
     return list(itertools.combinations(fields, 2))
 
 
+def _wrong_tensors(func, shapes) -> list:
+    """(node index, other name): each use of a local tensor, and every other local of the same
+    shape (in some row's case) already assigned above that line (or a parameter)."""
+    if not shapes:
+        return []
+    frozen, ctx = _frozen(func), _Context(func)
+    first = {a.arg: 0 for a in func.args.args}
+    for node in ast.walk(func):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            first[node.id] = min(first.get(node.id, node.lineno), node.lineno)
+    out = []
+    for i, node in enumerate(ast.walk(func)):
+        if not isinstance(node, ast.Name) or not isinstance(node.ctx, ast.Load) \
+                or id(node) in frozen or node.id in ctx.shape_names or node.id not in shapes:
+            continue
+        for other in sorted(shapes):
+            if other != node.id and shapes[other] & shapes[node.id] \
+                    and first.get(other, math.inf) < node.lineno:
+                out.append((i, other))
+    return out
+
+
 def _sites(func) -> list:
     ctx = _Context(func)
     frozen = _frozen(func)
@@ -407,6 +435,7 @@ class Source:
     def __init__(self, name: str, text: str, filename: str):
         self.name, self.text, self.filename = name, text, filename
         self.tree = ast.parse(text, filename=filename)
+        self.shapes = {}  # function -> {local name: shapes it takes}, for 'wrong tensor'
 
     @classmethod
     def of_module(cls, module) -> "Source":
@@ -422,6 +451,12 @@ class Source:
         """The names of the module's top-level functions with 'backward' in their name."""
         return [n.name for n in self.tree.body
                 if isinstance(n, ast.FunctionDef) and "backward" in n.name]
+
+    def local_shapes(self, function, shapes):
+        """Give the shapes of the function's locals ({name: set of shapes}, from running it on
+        the rows' cases): the 'wrong tensor' operator replaces a local by another of the same
+        shape."""
+        self.shapes[function] = {k: frozenset(v) for k, v in shapes.items()}
 
     def mutants(self, function: str) -> list:
         """Every mutant of one function, numbered in source order."""
@@ -451,6 +486,15 @@ class Source:
             _SwapFields(cache, a, b).visit(f)
             yield Mutant(self.name, function, index, "swap cached", lines[0],
                          f"{cache}.{a}, {cache}.{b}", f"{cache}.{b}, {cache}.{a}"), tree
+            index += 1
+        for node_index, other in _wrong_tensors(func, self.shapes.get(function, {})):
+            tree = copy.deepcopy(self.tree)
+            f = _function(tree, function)
+            node = list(ast.walk(f))[node_index]
+            before = node.id
+            node.id = other
+            yield Mutant(self.name, function, index, "wrong tensor", node.lineno, before,
+                         other), tree
             index += 1
 
     def tree_of(self, mutant: Mutant) -> ast.Module:

@@ -34,6 +34,7 @@ import importlib
 import importlib.util
 import inspect
 import itertools
+import os
 import pathlib
 import sys
 
@@ -135,6 +136,30 @@ def module_targets(path: str) -> tuple:
 
 def targets(module=None) -> tuple:
     return module_targets(str(module)) if module else lab_targets()
+
+
+def prepare(target: Target, function: str, sizes: dict) -> None:
+    """Record the shapes of the function's locals on every row's float64 case (seed 0), run
+    under a profiler, for the 'wrong tensor' operator (once per function)."""
+    if function in target.source.shapes:
+        return
+    shapes = collections.defaultdict(set)
+    filename = os.path.abspath(target.source.filename)
+
+    def profile(frame, event, arg):
+        code = frame.f_code
+        if event == "return" and code.co_name == function \
+                and os.path.abspath(code.co_filename) == filename:
+            for name, value in frame.f_locals.items():
+                if isinstance(getattr(value, "shape", None), tuple) and hasattr(value, "dtype"):
+                    shapes[name].add(tuple(value.shape))
+    for row in target.rows:
+        sys.setprofile(profile)
+        try:
+            _gradients(row, row.backward, 0, sizes)
+        finally:
+            sys.setprofile(None)
+    target.source.local_shapes(function, shapes)
 
 
 # --- equivalence ----------------------------------------------------------------------------
@@ -286,11 +311,12 @@ def _task(task):
     """map_tasks' unit: (module path or None, function, index, dtypes, sizes items)."""
     module, function, index, dtypes, sizes = task
     target = next(t for t in targets(module) if function in t.backwards())
+    prepare(target, function, dict(sizes))
     mutant = next(m for m in target.source.mutants(function) if m.index == index)
     return evaluate(target, mutant, dtypes, dict(sizes))
 
 
-def select(module=None, kernels=None, operators=None, limit=None) -> list:
+def select(module=None, kernels=None, operators=None, limit=None, sizes=None) -> list:
     """(target, mutant) pairs: every backward of the targets, or those named by ``kernels``
     (a function or a module's last name: 'linear_backward', 'attention'), of the given
     operators, at most ``limit`` per function (spread over its operators)."""
@@ -302,6 +328,7 @@ def select(module=None, kernels=None, operators=None, limit=None) -> list:
             known |= {function, short}
             if kernels and function not in kernels and short not in kernels:
                 continue
+            prepare(target, function, sizes or _zoo_sizes())
             mutants = [m for m in target.source.mutants(function)
                        if not operators or m.operator in operators]
             chosen += [(target, m) for m in _spread(mutants, limit)]
@@ -310,6 +337,12 @@ def select(module=None, kernels=None, operators=None, limit=None) -> list:
         raise ValueError(f"--kernel: no backward named {', '.join(unknown)}; known: "
                          f"{', '.join(sorted(known))}")
     return chosen
+
+
+def _zoo_sizes():
+    """The zoo's sizes, where every scale factor the diagnosis names is unambiguous."""
+    from checks.zoo import ZOO_SIZES
+    return dict(ZOO_SIZES)
 
 
 def _spread(mutants, limit):
@@ -329,9 +362,8 @@ def run(module=None, kernels=None, operators=None, dtypes=("float64", "float32")
         sizes=None, workers=0, progress=True) -> list:
     """The outcome of every selected mutant."""
     from checks.parallel import map_tasks
-    from checks.zoo import ZOO_SIZES
-    sizes = dict(ZOO_SIZES if sizes is None else sizes)
-    chosen = select(module, kernels, operators, limit)
+    sizes = dict(_zoo_sizes() if sizes is None else sizes)
+    chosen = select(module, kernels, operators, limit, sizes)
     tasks = [(str(module) if module else None, m.function, m.index, tuple(dtypes),
               tuple(sorted(sizes.items()))) for _, m in chosen]
     return map_tasks(_task, tasks, workers=workers, desc="mutants", progress=progress)

@@ -122,3 +122,25 @@ def test_a_users_module(capsys):
 def test_usage_errors(argv, message, capsys):
     assert main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+def test_wrong_tensor_takes_a_same_shaped_local_defined_above():
+    source = Source("demo", "def f_backward(dy, cache):\n"
+                            "    a, b, w = cache\n"
+                            "    da = dy * b\n"
+                            "    db = dy * a + w.shape[0]\n"
+                            "    return da, db\n", "demo.py")
+    assert not [m for m in source.mutants("f_backward") if m.operator == "wrong tensor"]
+    source.local_shapes("f_backward", {"a": {(3,)}, "b": {(3,)}, "dy": {(3,)}, "da": {(3,)},
+                                       "db": {(3,)}, "w": {(2, 2)}})
+    wrong = {(m.line, m.before, m.after) for m in source.mutants("f_backward")
+             if m.operator == "wrong tensor"}
+    assert (3, "b", "a") in wrong and (3, "dy", "b") in wrong and (4, "a", "da") in wrong
+    assert (3, "b", "da") not in wrong          # da does not exist yet on line 3
+    assert not any("w" in (m[1], m[2]) for m in wrong)  # no other local has w's shape
+    namespace = source.load(next(m for m in source.mutants("f_backward")
+                                 if (m.operator, m.line, m.before, m.after)
+                                 == ("wrong tensor", 3, "b", "a")))
+    da, db = namespace["f_backward"](np.ones(3), (np.full(3, 2.0), np.full(3, 5.0),
+                                                  np.zeros((2, 2))))
+    assert np.all(da == 2.0) and np.all(db == 4.0)
