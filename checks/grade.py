@@ -117,14 +117,31 @@ def grade_all(rows, dtypes, seeds=SEEDS, sizes=None, progress=True) -> list:
                      progress=progress)
 
 
+def _error(value, dtype) -> str:
+    """An error as printed: 'exact' at the floor (below 1 % of a unit roundoff)."""
+    floor = FLOOR * tolerances.unit_roundoff(np.dtype(dtype))
+    return "exact" if value <= floor * (1 + 1e-9) else f"{value:.2g}"
+
+
 def format_grades(grades) -> str:
     head = ["layer", "dtype", "hand error", "XLA error", "grade (hand / XLA)", "worst tensor"]
-    body = [[g.layer, g.dtype, f"{g.hand:.2g}", f"{g.xla:.2g}", f"{g.ratio:.2g}x",
-             f"{g.worst} {g.worst_ratio:.2g}x"] for g in grades]
+    body = [[g.layer, g.dtype, _error(g.hand, g.dtype), _error(g.xla, g.dtype),
+             f"{g.ratio:.2g}x", f"{g.worst} {g.worst_ratio:.2g}x"] for g in grades]
     widths = [max(len(r[i]) for r in body + [head]) for i in range(len(head))]
     line = lambda r: "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |"
     return "\n".join([line(head), "| " + " | ".join("-" * w for w in widths) + " |"]
                      + [line(r) for r in body])
+
+
+def summary(grades) -> str:
+    """Per dtype: the range of the grades and the row graded worst."""
+    lines = []
+    for dtype in dict.fromkeys(g.dtype for g in grades):
+        of = [g for g in grades if g.dtype == dtype]
+        worst = max(of, key=lambda g: g.ratio)
+        lines.append(f"{dtype}: grades {min(g.ratio for g in of):.2g}x to {worst.ratio:.2g}x "
+                     f"over {len(of)} rows; worst {worst.sentence()}")
+    return "\n".join(lines)
 
 
 def grades_to_json(grades) -> str:
@@ -167,10 +184,12 @@ def command(args) -> int:
     rows = args.layer or ROWS
     dtypes = args.dtype or ["float32", "float16", "bfloat16"]
     grades = grade_all(rows, dtypes, args.seeds)
-    print(grades_to_json(grades) if args.json else format_grades(grades))
+    print(grades_to_json(grades) if args.json else format_grades(grades) + "\n\n"
+          + summary(grades))
     if args.write_docs:
         from checks.docs import DOCS, write_section
         write_section(DOCS / DOCS_FILE, DOCS_SECTION, "\n".join(
-            [f"`$ python -m checks {args.command_line}`", "", format_grades(grades)]))
+            [f"`$ python -m checks {args.command_line}`", "", format_grades(grades), "", "```",
+             summary(grades), "```"]))
         print(f"wrote the table into {DOCS / DOCS_FILE}")
     return 0
