@@ -50,3 +50,20 @@ def test_the_command_prints_json(capsys):
     [entry] = json.loads(capsys.readouterr().out)
     assert entry["layer"] == "linear" and entry["dtype"] == "float32"
     assert entry["ratio"] == entry["hand"] / entry["xla"]
+
+
+def test_docs_grade_table_is_recomputed_for_one_row():
+    """docs/grade.md's linear float32 row (the command's output), recomputed: errors and grade
+    within 2x (another BLAS sums in another order; rounding errors of that size move by such
+    factors, never by the 10x that makes a finding)."""
+    from checks import docs
+    from tests.test_mutate import markdown_table
+    text = docs.section(docs.DOCS / grade.DOCS_FILE, grade.DOCS_SECTION)
+    rows = [line for line in text.splitlines() if line.startswith("| linear ")
+            and "| float32 " in line]
+    cells = [c.strip() for c in rows[0].strip().strip("|").split("|")]
+    hand, xla, ratio = float(cells[2]), float(cells[3]), float(cells[4].rstrip("x"))
+    g = grade.grade(BY_NAME["linear"], np.float32)
+    for documented, now in ((hand, g.hand), (xla, g.xla), (ratio, g.ratio)):
+        assert 0.5 <= now / documented <= 2.0, (cells, g)
+    assert markdown_table(text, "layer")  # the section holds the table

@@ -144,3 +144,28 @@ def test_wrong_tensor_takes_a_same_shaped_local_defined_above():
     da, db = namespace["f_backward"](np.ones(3), (np.full(3, 2.0), np.full(3, 5.0),
                                                   np.zeros((2, 2))))
     assert np.all(da == 2.0) and np.all(db == 4.0)
+
+
+def markdown_table(text, first_header):
+    """{first cell: {header: cell}} of the markdown table whose first header is first_header."""
+    lines = text[text.index("| " + first_header):].splitlines()
+    cells = lambda line: [c.strip() for c in line.strip().strip("|").split("|")]
+    head, table = cells(lines[0]), {}
+    for line in lines[2:]:
+        if not line.startswith("|"):
+            break
+        table[cells(line)[0]] = dict(zip(head, cells(line)))
+    return table
+
+
+def test_docs_mutation_table_is_recomputed_for_one_kernel():
+    """docs/zoo.md's row of dropout's backward (the command's output), recomputed in float64."""
+    from checks import docs
+    documented = markdown_table(docs.section(docs.DOCS / "zoo.md", mutate.DOCS_SECTION),
+                                "kernel")["dropout_backward"]
+    outcomes = mutate.run(kernels=["dropout_backward"], dtypes=("float64",), progress=False)
+    text = mutate.format_scores(mutate.scores(outcomes, lambda o: o.mutant.function,
+                                              ("float64",)), ("float64",), "kernel")
+    got = markdown_table(text, "kernel")["dropout_backward"]
+    for column in got:
+        assert documented[column] == got[column], (column, documented, got)
