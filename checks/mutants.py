@@ -43,7 +43,7 @@ REDUCTIONS = {"sum", "mean", "max"}
 ROW_REDUCTIONS = {"row_sum"}           # the lab's helper sums over the last axis
 TRANSPOSES = {"transpose", "swapaxes"}
 SHAPE_CALLS = {"reshape", "zeros", "ones", "full", "empty", "zeros_like", "ones_like", "range",
-               "len", "reversed", "isinstance", "prefixed", "type", "tuple"}
+               "len", "reversed", "isinstance", "prefixed", "tuple"}
 SHAPE_ATTRS = {"shape", "size", "ndim", "dtype", "vocab"}
 
 
@@ -156,7 +156,14 @@ def _method(obj, name, *args, **kw):
 
 
 def _ops_binop(node, ctx):
-    if not isinstance(node, ast.BinOp) or _is_shape(node, ctx.shape_names):
+    if not isinstance(node, ast.BinOp):
+        return
+    if isinstance(node.op, ast.Div) and isinstance(node.left, ast.Constant) \
+            and node.left.value == 1:  # 1 / e, a scale even when e is a size (1 / sqrt(P))
+        yield "constant", node.right
+        yield "constant", ast.Constant(1)
+        return
+    if _is_shape(node, ctx.shape_names):
         return
     l, r, op = node.left, node.right, node.op
     if isinstance(op, ast.Add):
@@ -173,12 +180,8 @@ def _ops_binop(node, ctx):
         yield "drop factor", r
         yield "flip sign", _neg(node)
     elif isinstance(op, ast.Div):
-        if isinstance(l, ast.Constant) and l.value == 1:   # 1 / e: a constant's reciprocal
-            yield "constant", r
-            yield "constant", ast.Constant(1)
-        else:
-            yield "drop factor", l
-            yield "swap operands", _binop(r, ast.Div(), l)
+        yield "drop factor", l
+        yield "swap operands", _binop(r, ast.Div(), l)
     elif isinstance(op, ast.MatMult):
         yield "drop factor", l
         yield "drop factor", r

@@ -169,3 +169,11 @@ def test_docs_mutation_table_is_recomputed_for_one_kernel():
     got = markdown_table(text, "kernel")["dropout_backward"]
     for column in got:
         assert documented[column] == got[column], (column, documented, got)
+
+
+def test_a_scale_of_sizes_is_a_constant_to_mutate():
+    """1 / sqrt(P) is shape arithmetic, but also the scale a derivation forgets or inverts."""
+    import kernels.attention
+    found = {(m.before, m.after) for m in Source.of_module(kernels.attention).mutants(
+        "_attention_backward") if m.operator == "constant"}
+    assert found == {("1 / math.sqrt(P)", "math.sqrt(P)"), ("1 / math.sqrt(P)", "1")}
