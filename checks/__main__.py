@@ -6,7 +6,9 @@
     python -m checks sensitivity [--layer NAME ...] [--dtype float32] [--large] [--workers 2]
     python -m checks zoo
     python -m checks steps LAYER [--out results/steps]
-    python -m checks docs              # rewrite the example output shown in README.md and docs/
+    python -m checks docs [--layer NAME]   # rewrite the example output in README.md and docs/
+    python -m checks mutate [--kernel NAME ...] [--dtype float64 ...] [--limit N] [--module PATH]
+    python -m checks grade [--layer NAME ...] [--dtype float32 ...] [--json] [--write-docs]
 
 A usage error (an unknown layer, a bad option) is one line on stderr and exit status 2.
 """
@@ -25,7 +27,7 @@ from kernels.precision import FORMATS
 
 DEFAULT_FORMATS = ("float64", "float32")  # the formats checked when none is given
 
-COMMANDS = ("calibrate", "sensitivity", "zoo", "steps", "docs")
+COMMANDS = ("calibrate", "sensitivity", "zoo", "steps", "docs", "mutate", "grade")
 
 
 class UsageError(Exception):
@@ -336,6 +338,9 @@ def parser_for(command):
     if command == "zoo":
         return Parser(prog="python -m checks zoo",
                       description="the bug zoo: classic backprop bugs, caught and diagnosed"), zoo
+    if command in ("mutate", "grade"):  # each module builds its own parser and command
+        import importlib
+        return importlib.import_module(f"checks.{command}").cli(Parser)
     if command == "steps":
         p = Parser(prog="python -m checks steps",
                    description="finite-difference error against step size for one layer")

@@ -16,6 +16,11 @@ is wrong) and tests the common bug shapes in turn, from the most specific:
     skip connection dropped G + dout = R
     static ignored          G = the trusted gradient with a static argument at another value
                             (causal = False for True, an offset at its default)
+    upstream                an element-wise derivative against dout: G dout = R (dout
+                            forgotten), G = dout (the derivative forgotten), (G + R)/2 = dout
+                            (1 + f for 1 - f: a sign error inside it, not a missing term)
+    factor                  G f = R with f constant along some axes: a per-row (per-head ...)
+                            factor left out of a product
     oracle paths            G - R = a sparse sum of the oracle's path contributions: a path
                             missing, scaled or with the wrong sign, a matrix product's other
                             operand untransposed or a wrong cached value (checks.attribution)
@@ -71,6 +76,11 @@ def constants_from(sizes: dict | None, static: dict, shapes) -> list:
         if isinstance(r, float) and 0 < r < 1:
             out += [(r, label, ""), (1 / r, f"1/{label}", ""), (1 - r, f"1 - {label}", ""),
                     (1 / (1 - r), f"1/(1 - {label})", "")]
+        elif isinstance(r, (int, float, np.integer, np.floating)) \
+                and not isinstance(r, (bool, np.bool_)) and r not in (0, 1, -1):
+            # any other number the case is called with (a soft-cap of 6, a temperature)
+            out += [(float(r), label, ""), (1 / float(r), f"1/{label}", ""),
+                    (float(r) ** 2, f"{label}^2", ""), (1 / float(r) ** 2, f"1/{label}^2", "")]
     lengths = {int(n) for shape in shapes for n in shape if n > 1}
     named = {k: int(v) for k, v in (sizes or {}).items()
              if isinstance(v, (int, np.integer)) and v > 1 and int(v) in lengths}
@@ -161,7 +171,7 @@ def diagnose(name: str, g: np.ndarray, ref: np.ndarray, ctx: Context, tol: float
             g, fit = g64, FIT_FACTOR * tol64
     found = ""
     for test in (_zero, _scaled, _transposed, _heads_mixed, _swapped, _masked, _repeated_ids,
-                 _one_slice, _skip_dropped, _static_ignored, _paths):
+                 _one_slice, _skip_dropped, _static_ignored, _paths, _upstream, _factor):
         found = test(name, g, ref, ctx, fit)
         if found:
             break
@@ -298,6 +308,48 @@ def _one_slice(name, g, ref, ctx, fit):
 def _skip_dropped(name, g, ref, ctx, fit):
     if g.shape == ctx.dout.shape and _close(g + ctx.dout, ref, fit):
         return "the skip connection's gradient is missing: hand + dout equals the right gradient"
+    return ""
+
+
+def _upstream(name, g, ref, ctx, fit):
+    """An element-wise layer's local derivative gone wrong, read against the upstream gradient
+    dout: its factor dout forgotten (G dout = R), the derivative forgotten (G = dout), or the
+    sign of its non-constant term flipped (1 + f for 1 - f: G and R average to dout)."""
+    d = ctx.dout
+    if g.shape != d.shape or not d.size or _close(ref, d, fit):
+        return ""
+    if _close(g * d, ref, fit):
+        return ("the upstream gradient is missing as a factor: hand x dout equals the right "
+                "gradient (the local derivative returned without the chain rule's dout)")
+    if _close(g, d, fit):
+        return ("the local derivative is missing: the hand gradient is dout passed through "
+                "unchanged (every term of the derivative but its constant 1 dropped)")
+    if _close(0.5 * (g + ref), d, fit):
+        return ("a sign error inside the local derivative: hand and right average to dout, "
+                "as 1 + f for 1 - f (not a missing term: that would give dout itself)")
+    return ""
+
+
+def _factor(name, g, ref, ctx, fit):
+    """A factor left out of (or added to) a product: G f = R with f constant along some axes
+    (a per-row normaliser, a per-head scale), one value per index of the others.  The largest
+    set of axes that fits is named; a factor constant along every axis is _scaled's."""
+    if g.ndim < 2 or float(np.sum(g * g)) == 0.0:
+        return ""
+    labels = list(ctx.axes.get(name) or [f"axis {i}" for i in range(g.ndim)])
+    for r in range(g.ndim - 1, 0, -1):
+        for along in itertools.combinations(range(g.ndim), r):
+            if any(g.shape[a] < 2 for a in along):  # f would hold one value per element
+                continue
+            gg = np.sum(g * g, axis=along, keepdims=True)
+            f = np.sum(g * ref, axis=along, keepdims=True) / np.where(gg > 0, gg, 1.0)
+            if not _close(g * f, ref, fit) or np.ptp(f) <= fit * float(np.max(np.abs(f))):
+                continue
+            const = ", ".join(labels[a] for a in along)
+            per = ", ".join(labels[a] for a in range(g.ndim) if a not in along)
+            return (f"a factor is missing or extra: hand x f equals the right gradient with f "
+                    f"constant along {const} (one value per {per}: a per-{per} scale such as "
+                    f"a normaliser left out of a product)")
     return ""
 
 

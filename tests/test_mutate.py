@@ -1,0 +1,179 @@
+"""Mutation testing (checks/mutants.py, checks/mutate.py) on small slices: the mutants a kernel's
+source gives, equivalence and raising mutants set aside, and the check's verdicts on the rest."""
+import pathlib
+
+import numpy as np
+import pytest
+
+import kernels.linear
+from checks import mutate
+from checks.__main__ import main
+from checks.mutants import OPERATORS, Source
+
+EXAMPLE = pathlib.Path(__file__).resolve().parents[1] / "examples" / "my_layers.py"
+
+
+def test_linear_mutants_are_the_expected_mistakes():
+    source = Source.of_module(kernels.linear)
+    mutants = source.mutants("linear_backward")
+    described = {(m.operator, m.before, m.after) for m in mutants}
+    assert ("drop factor", "x2.T @ dy2", "dy2") in described
+    assert ("drop reduction", "dy2.sum(axis=0)", "dy2") in described
+    assert ("transpose", "W.T", "W") in described
+    assert ("swap cached", "x, W = cache", "W, x = cache") in described
+    assert {m.operator for m in mutants} <= set(OPERATORS)
+    # shape arithmetic (W.shape[0], the reshape arguments) is never mutated
+    assert not any("shape" in m.before for m in mutants)
+    assert [m.index for m in mutants] == list(range(len(mutants)))
+
+
+def test_a_mutant_runs_in_a_fresh_namespace_and_leaves_the_kernel_alone():
+    source = Source.of_module(kernels.linear)
+    text = pathlib.Path(kernels.linear.__file__).read_text()
+    original = kernels.linear.linear_backward
+    mutant = next(m for m in source.mutants("linear_backward")
+                  if (m.before, m.after) == ("x2.T @ dy2", "dy2"))
+    namespace = source.load(mutant)
+    assert namespace["linear_backward"] is not original
+    assert kernels.linear.linear_backward is original
+    assert pathlib.Path(kernels.linear.__file__).read_text() == text
+    x, W = np.ones((2, 3)), np.ones((3, 4))
+    _, grads = namespace["linear_backward"](np.ones((2, 4)), kernels.linear.LinearCache(x, W))
+    assert grads["W"].shape == (2, 4)  # dW = dy: the product with x^T dropped
+    assert "-    return (dx, {'W': x2.T @ dy2" in source.diff(mutant)
+
+
+@pytest.mark.slow  # every mutant of the kernel, about 5 s
+def test_linear_equivalent_raising_and_caught_mutants():
+    outcomes = {(o.mutant.operator, o.mutant.before, o.mutant.after): o
+                for o in mutate.run(kernels=["linear_backward"], dtypes=("float64",),
+                                    progress=False)}
+    # summing the (M, N) gradient over axis -2 is the same sum as over axis 0
+    assert outcomes[("reduction axis", "dy2.sum(axis=0)", "dy2.sum(axis=-2)")].status \
+        == "equivalent"
+    # dx = dy without W^T cannot be reshaped to x's shape (V != D): it raises
+    assert outcomes[("drop factor", "dy2 @ W.T", "dy2")].status == "raises"
+    live = [o for o in outcomes.values() if o.status == "live"]
+    assert live and all(o.caught("float64") and o.blamed("float64") for o in live)
+    bias = outcomes[("drop reduction", "dy2.sum(axis=0)", "dy2")]
+    assert bias.rows == ("linear",) and bias.patterns("float64") == ["missing sum"]
+
+
+def test_dropout_slice_caught_blamed_and_explained():
+    """Every mutant of dropout's one-line backward, float64: the counts and patterns computed."""
+    outcomes = mutate.run(kernels=["dropout_backward"], dtypes=("float64",), progress=False)
+    by_change = {(o.mutant.operator, o.mutant.after): o for o in outcomes}
+    assert set(by_change) == {("drop factor", "dy"), ("drop factor", "cache.scale"),
+                              ("flip sign", "-(dy * cache.scale)")}
+    assert by_change[("drop factor", "dy")].patterns("float64") == ["derivative missing"]
+    assert by_change[("drop factor", "cache.scale")].patterns("float64") == \
+        ["dout factor missing"]
+    assert by_change[("flip sign", "-(dy * cache.scale)")].patterns("float64") == ["sign"]
+    total = mutate.scores(outcomes, lambda o: o.mutant.function, ("float64",))[-1]
+    assert (total.mutants, total.live, total.equivalent, total.raises) == (3, 3, 0, 0)
+    assert total.caught == total.blamed == total.explained == {"float64": 3}
+
+
+@pytest.mark.slow  # two dtypes, a dozen checks with their diagnoses: about 7 s
+def test_rms_norm_slice_scores_and_patterns():
+    dtypes = ("float64", "float32")
+    outcomes = mutate.run(kernels=["rms_norm_backward"], operators=["drop term", "flip sign"],
+                          dtypes=dtypes, progress=False)
+    by_change = {(o.mutant.before, o.mutant.after): o for o in outcomes}
+    term = "y * (dy * y).mean(axis=-1, keepdims=True)"
+    missing = by_change[(f"dy - {term}", "dy")]
+    flipped = by_change[(f"dy - {term}", f"dy + {term}")]
+    for o in (missing, flipped):
+        assert o.status == "live" and all(o.caught(d) and o.blamed(d) for d in dtypes)
+    # a missing term and a sign error inside the derivative read apart
+    assert missing.patterns("float64") == ["path missing"]
+    assert flipped.patterns("float64") == ["path sign"]
+    total = mutate.scores(outcomes, lambda o: o.mutant.operator, dtypes)[-1]
+    assert total.mutants == len(outcomes)
+    assert total.live == sum(o.status == "live" for o in outcomes)
+    assert total.caught == {d: total.live for d in dtypes}
+    assert mutate.survivors(outcomes, dtypes) == []
+
+
+def test_pattern_of_reads_the_diagnosis():
+    assert mutate.pattern_of("scaled by a constant: 2 x the right one") == "constant"
+    assert mutate.pattern_of("missing the path through `mul` at x.py:3 (`a * b`)") == \
+        "path missing"
+    assert mutate.pattern_of("no common bug pattern fits") == ""
+    assert mutate.pattern_of("") == ""
+
+
+@pytest.mark.slow  # the example's oracle compiled and attributed: about 5 s
+def test_a_users_module(capsys):
+    status = main(["mutate", "--module", str(EXAMPLE), "--kernel", "softcap_backward",
+                   "--dtype", "float64", "--operator", "flip sign"])
+    out = capsys.readouterr().out
+    assert status == 0  # no survivors
+    assert "softcap_backward" in out and "no survivors" in out
+    outcomes = mutate.run(module=EXAMPLE, kernels=["softcap_backward"],
+                          operators=["flip sign"], dtypes=("float64",), progress=False)
+    assert outcomes and all(o.status == "live" and o.caught("float64") for o in outcomes)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["mutate", "--kernel", "nope_backward"], "no backward named nope_backward"),
+    (["mutate", "--limit", "0"], "--limit: expected a positive integer"),
+])
+def test_usage_errors(argv, message, capsys):
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_wrong_tensor_takes_a_same_shaped_local_defined_above():
+    source = Source("demo", "def f_backward(dy, cache):\n"
+                            "    a, b, w = cache\n"
+                            "    da = dy * b\n"
+                            "    db = dy * a + w.shape[0]\n"
+                            "    return da, db\n", "demo.py")
+    assert not [m for m in source.mutants("f_backward") if m.operator == "wrong tensor"]
+    source.local_shapes("f_backward", {"a": {(3,)}, "b": {(3,)}, "dy": {(3,)}, "da": {(3,)},
+                                       "db": {(3,)}, "w": {(2, 2)}})
+    wrong = {(m.line, m.before, m.after) for m in source.mutants("f_backward")
+             if m.operator == "wrong tensor"}
+    assert (3, "b", "a") in wrong and (3, "dy", "b") in wrong and (4, "a", "da") in wrong
+    assert (3, "b", "da") not in wrong          # da does not exist yet on line 3
+    assert not any("w" in (m[1], m[2]) for m in wrong)  # no other local has w's shape
+    namespace = source.load(next(m for m in source.mutants("f_backward")
+                                 if (m.operator, m.line, m.before, m.after)
+                                 == ("wrong tensor", 3, "b", "a")))
+    da, db = namespace["f_backward"](np.ones(3), (np.full(3, 2.0), np.full(3, 5.0),
+                                                  np.zeros((2, 2))))
+    assert np.all(da == 2.0) and np.all(db == 4.0)
+
+
+def markdown_table(text, first_header):
+    """{first cell: {header: cell}} of the markdown table whose first header is first_header."""
+    lines = text[text.index("| " + first_header):].splitlines()
+    cells = lambda line: [c.strip() for c in line.strip().strip("|").split("|")]
+    head, table = cells(lines[0]), {}
+    for line in lines[2:]:
+        if not line.startswith("|"):
+            break
+        table[cells(line)[0]] = dict(zip(head, cells(line)))
+    return table
+
+
+def test_docs_mutation_table_is_recomputed_for_one_kernel():
+    """docs/zoo.md's row of dropout's backward (the command's output), recomputed in float64."""
+    from checks import docs
+    documented = markdown_table(docs.section(docs.DOCS / "zoo.md", mutate.DOCS_SECTION),
+                                "kernel")["dropout_backward"]
+    outcomes = mutate.run(kernels=["dropout_backward"], dtypes=("float64",), progress=False)
+    text = mutate.format_scores(mutate.scores(outcomes, lambda o: o.mutant.function,
+                                              ("float64",)), ("float64",), "kernel")
+    got = markdown_table(text, "kernel")["dropout_backward"]
+    for column in got:
+        assert documented[column] == got[column], (column, documented, got)
+
+
+def test_a_scale_of_sizes_is_a_constant_to_mutate():
+    """1 / sqrt(P) is shape arithmetic, but also the scale a derivation forgets or inverts."""
+    import kernels.attention
+    found = {(m.before, m.after) for m in Source.of_module(kernels.attention).mutants(
+        "_attention_backward") if m.operator == "constant"}
+    assert found == {("1 / math.sqrt(P)", "math.sqrt(P)"), ("1 / math.sqrt(P)", "1")}
