@@ -29,6 +29,7 @@ import numpy as np
 
 from checks import tolerances
 from checks.diagnosis import Context, constants_from, diagnose, locate
+from checks.evidence import blame, examine, pick
 from checks.legs import FiniteDifferences, Measured, Oracle, normwise
 from checks.report import Report, TensorResult, format_table, reports_to_json  # noqa: F401
 from checks.rounding import Unsupported
@@ -285,7 +286,7 @@ class LayerCheck:
             spread = self._spread_of(key)
             hand = self.dinputs[key] if isinstance(key, int) else self.dparams.get(key)
             judge = Judge(tname, key, x, g_auto, self._tol(spread, g_auto), self.dtype,
-                          self.fd, self.rng, self.policy)
+                          self.fd, self.rng, self.policy, self._caveats)
             self.judges[tname] = judge
             self.results.append(judge.judge(hand))
         self._recognise_low_precision_backward()
@@ -296,6 +297,17 @@ class LayerCheck:
             if not tolerances.is_float(self.host_inputs[i].dtype) and self.dinputs[i] is not None:
                 self.results.append(TensorResult(name_i, (), verdict=Verdict(
                     Kind.EXTRA_GRADIENT, "an integer input; expected None")))
+
+    def _caveats(self):
+        """Why the oracle's autodiff may differ from the derivative of its forward (computed
+        on first use, once): its forward disagrees with the kernel's, or its program holds a
+        custom derivative rule, stop_gradient, an integer or non-differentiable operation."""
+        if not hasattr(self, "_caveat_list"):
+            found = self.ref.caveats()
+            if not self.forward_ok:
+                found = ["a forward that disagrees with the kernel's"] + found
+            self._caveat_list = found
+        return self._caveat_list
 
     def _recognise_low_precision_backward(self):
         """The whole backward rounding to a lower precision: every gradient off by more than
@@ -471,9 +483,10 @@ def _score(a, ref, tol):
 class Judge:
     """The trusted legs of one tensor, ready to rule on any hand gradient of it."""
 
-    def __init__(self, name, key, x, g_auto, tol, dtype, fd, rng, policy):
+    def __init__(self, name, key, x, g_auto, tol, dtype, fd, rng, policy, caveats=list):
         self.name, self.key, self.x, self.g_auto, self.tol = name, key, x, g_auto, tol
         self.dtype, self.fd, self.policy = dtype, fd, policy
+        self.caveats = caveats  # () -> why the oracle's autodiff may differ from its forward
         self.measured: Measured | None = None
         self.fd_tols: FdTolerances | None = None
         self.rng = rng
@@ -518,9 +531,9 @@ class Judge:
             return result
         result.hand_vs_autodiff = normwise(h, g)
         result.score = _score(h, g, self.tol)
+        ratio = np.abs(h - g) / self.tol
         if h.size:
             result.max_abs = float(np.max(np.abs(h - g)))
-            ratio = np.abs(h - g) / self.tol
             result.worst = tuple(int(i) for i in np.unravel_index(int(ratio.argmax()), g.shape))
         try:
             m = self._measure()
@@ -540,9 +553,15 @@ class Judge:
             if self._kinked is None:
                 self._kinked = self.fd.kinked(self.key, self.x, m, g, tol_fd)
             kink = self._kinked
-        result.verdict = _verdict(hand_auto_ok, hand_fd_ok, auto_fd_ok, kink,
-                                  self.fd.on_oracle or self.fd.skipped)
-        if result.verdict.kind is Kind.FD_SET_ASIDE:
+        if hand_auto_ok or self.fd.on_oracle or self.fd.skipped:
+            result.verdict = _verdict(hand_auto_ok, hand_fd_ok, auto_fd_ok, kink,
+                                      self.fd.on_oracle or self.fd.skipped)
+        else:  # blame from the evidence at the disagreeing elements (checks.evidence)
+            rng = np.random.default_rng([int(ratio.argmax()), int(ratio.size)])
+            elements = examine(self.fd, self.key, self.x, h, g, self.tol,
+                               self.fd_tols.element_scale, pick(ratio, rng))
+            result.verdict = blame(elements, self.caveats(), auto_fd_ok, kink)
+        if result.verdict.kind in (Kind.FD_SET_ASIDE, Kind.FD_BORDERLINE):
             result.note = str(result.verdict)
         result.ok = result.verdict.ok
         return result

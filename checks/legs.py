@@ -127,6 +127,19 @@ class Oracle:
                 self._fns.pop(0)
         return tuple(np.shape(self._run(2, self._diff_values(), self.params, None)))
 
+    def caveats(self):
+        """Why this oracle's autodiff may differ from its forward's derivative
+        (``checks.evidence.autodiff_caveats``); [] when its program cannot be read."""
+        from checks.evidence import autodiff_caveats
+        if not self.traceable:
+            return []
+        try:
+            closed = jax.make_jaxpr(self._fns[-1][2])(self._diff_values(), self.others,
+                                                      self.params, self.arrays, None)
+        except Exception:
+            return []
+        return autodiff_caveats(closed.jaxpr)
+
     def vjp(self, dout):
         """(out, {input index: gradient}, {param: gradient}) for the upstream gradient dout."""
         out, (d_in, d_params) = self._run(0, self._diff_values(), self.params, jnp.asarray(dout))
