@@ -33,6 +33,7 @@ from checks.evidence import blame, examine, pick
 from checks.legs import FiniteDifferences, Measured, Oracle, normwise
 from checks.report import Report, TensorResult, format_table, reports_to_json  # noqa: F401
 from checks.rounding import Unsupported
+from checks.signature import in_format, precision_change
 from checks.verdict import BLAMES_ORACLE, Finding, Kind, Note, Verdict
 from kernels.backend import to_numpy
 
@@ -233,7 +234,8 @@ class LayerCheck:
         out = _f64(self.out)
         score = _score(out, self.ref_out, self.forward_tol)
         low = self._low_precision()
-        if score > 1 and low is not None and not _systematic(out - self.ref_out, self.ref_out):
+        if score > 1 and low is not None and precision_change(out - self.ref_out, self.ref_out,
+                                                             self.forward_tol):
             # a forward computing in lower precision: judged at that precision's roundoff for
             # the forward part and the inputs it rounds, never for the backward part
             u_low = self.policy.u(low)
@@ -290,6 +292,7 @@ class LayerCheck:
             self.judges[tname] = judge
             self.results.append(judge.judge(hand))
         self._recognise_low_precision_backward()
+        self._bug_shaped_under_a_finding()
         for key in sorted(set(self.dparams) - set(self.params)):
             self.results.append(TensorResult(key, (), verdict=Verdict(
                 Kind.EXTRA_GRADIENT, f"'{key}' is not a parameter")))
@@ -311,10 +314,10 @@ class LayerCheck:
 
     def _recognise_low_precision_backward(self):
         """The whole backward rounding to a lower precision: every gradient off by more than
-        this dtype's rounding model allows (with exact inputs), none off systematically (a
-        scaled copy of its gradient is a bug, not rounding), all within the lower precision's
-        tolerances: a finding, and judged there.  A single wrong tensor beside exact ones is a
-        bug, whatever its size."""
+        this dtype's rounding model allows (with exact inputs) with the signature of a precision
+        change (``checks.signature``: most elements off, no pattern, the values the lower
+        precision's numbers), all within the lower precision's tolerances: a finding, and judged
+        there.  A single wrong tensor beside exact ones is a bug, whatever its size."""
         low = self._low_precision()
         judges = list(self.judges.values())
         if low is None or not judges or any(j.last_hand is None for j in judges) \
@@ -322,9 +325,8 @@ class LayerCheck:
             return
         spreads = {j.name: self._spread_of(j.key) for j in judges}
         exact_inputs = [self._tol(spreads[j.name], j.g_auto, u_inputs=0.0) for j in judges]
-        if any(_score(j.last_hand, j.g_auto, t) <= 1 for j, t in zip(judges, exact_inputs)) \
-                or any(_systematic(j.last_hand - j.g_auto, j.g_auto, shifts=False)
-                       for j in judges if j.g_auto.size >= 8):
+        if not all(precision_change(j.last_hand - j.g_auto, j.g_auto, t, shifts=False)
+                   and in_format(j.last_hand, low) for j, t in zip(judges, exact_inputs)):
             return
         u_low, u_dtype = self.policy.u(low), self.u_backward
         self.u_backward = u_low
@@ -340,6 +342,30 @@ class LayerCheck:
             j.tol = t
             self.results[i] = j.judge(self.dinputs[j.key] if isinstance(j.key, int)
                                       else self.dparams.get(j.key))
+
+    def _bug_shaped_under_a_finding(self):
+        """A finding relaxes the tolerances of the precision it names, never a bug: a gradient
+        that passes only under the finding's tolerances, while its error against the checked
+        dtype's own is no precision change (a scaled copy, an offset, a few elements), fails."""
+        if self.u_forward == self.u_backward == self.policy.u(self.dtype) \
+                and self.u_inputs == self.u_forward[0]:
+            return
+        if self.spread_out is None:
+            return
+        u = self.policy.u(self.dtype)
+        for i, j in enumerate(list(self.judges.values())):
+            r = self.results[i]
+            if not r.ok or j.last_hand is None:
+                continue
+            own = self.policy.elementwise(self._spread_of(j.key).at(u, u, u[0], format=self.u),
+                                          j.g_auto, self.dtype)
+            e = j.last_hand - j.g_auto
+            if _score(j.last_hand, j.g_auto, own) > 1 and not precision_change(e, j.g_auto, own):
+                r.verdict = Verdict(Kind.HAND_WRONG, "its error against the checked dtype's "
+                                    "rounding is a bug's pattern (a scaled copy, an offset or a "
+                                    "few elements), which no precision finding excuses")
+                r.ok = False
+                r.score = max(r.score, _score(j.last_hand, j.g_auto, own))
 
     def _fit_tol(self, result):
         """The scalar tolerance a bug pattern is fitted within: the tensor's own, or, where the
@@ -450,25 +476,6 @@ class LayerCheck:
         return Report(self.name, str(self.dtype), self.forward_error, self.forward_score,
                       bool(self.forward_ok), list(results if results is not None
                                                   else self.results), notes=self.notes)
-
-
-def _systematic(e, ref, shifts=True):
-    """Is the error e a bug's pattern rather than rounding?  Rounding errors are independent
-    from element to element; a scaled copy of the reference (c ref) or, with shifts, a constant
-    offset along the last axis (a bias) that explains 90 % of |e|^2 is systematic.  Too few
-    elements to tell count as systematic (nothing is excused on no evidence)."""
-    if e.size < 8:
-        return True
-    columns = [ref.reshape(-1)]
-    n = ref.shape[-1] if ref.ndim else 1
-    if shifts and ref.ndim >= 2 and ref.size >= 4 * n:
-        columns += list(np.broadcast_to(np.eye(n), ref.shape + (n,)).reshape(-1, n).T)
-    A, e = np.stack(columns, axis=1), e.reshape(-1)
-    ee = float(e @ e)
-    if ee == 0.0:
-        return False
-    r = e - A @ np.linalg.lstsq(A, e, rcond=None)[0]
-    return float(r @ r) <= 0.1 * ee
 
 
 def _score(a, ref, tol):
