@@ -72,7 +72,7 @@ CALLS = {"jit", "pjit", "closed_call", "core_call", "remat", "checkpoint", "cust
 
 
 class Unsupported(Exception):
-    """The program uses a construct the model does not perturb (control flow)."""
+    """The program uses a construct the model does not perturb (while, cond)."""
 
 
 class Spread(NamedTuple):
@@ -137,7 +137,9 @@ class RoundingModel:
              for xi, (_, p) in zip(noises, self.record)]
         perturbed = jax.vmap(lambda f, z: self._eval(f, _Noise("perturb", amplitudes, z)),
                              in_axes=(None, 0))(flat, z)
-        return [jnp.sqrt(jnp.mean((p - e) ** 2, axis=0)) for p, e in zip(perturbed, exact)]
+        # a non-finite result the perturbations leave unchanged (a -inf mask) deviates by 0
+        return [jnp.sqrt(jnp.mean(jnp.where(p == e, 0.0, p - e) ** 2, axis=0))
+                for p, e in zip(perturbed, exact)]
 
     def spread(self, args, seed=0):
         """A pytree like the program's output with one Spread per leaf."""
@@ -227,11 +229,11 @@ def _eval(jaxpr, consts, args, backward_flags, noise, top=True, where="inside", 
 
     for var, value in zip(jaxpr.constvars, consts):
         if _is_float(value) and jnp.ndim(value):  # a kernel holds its constants rounded
-            value = value + noise(jnp.shape(value), "forward", lambda v=value: jnp.abs(v))
+            value = value + noise(jnp.shape(value), "forward", lambda v=value: _finite(jnp.abs(v)))
         env[var], flag[var] = value, False
     for var, value, b in zip(jaxpr.invars, args, backward_flags):
         if top and not b and _is_float(value):  # the inputs' own rounding
-            value = value + noise(jnp.shape(value), "inputs", lambda v=value: jnp.abs(v))
+            value = value + noise(jnp.shape(value), "inputs", lambda v=value: _finite(jnp.abs(v)))
         env[var], flag[var] = value, b
     for i, eqn in enumerate(jaxpr.eqns):
         ins = [read(v) for v in eqn.invars]
@@ -247,10 +249,13 @@ def _eval(jaxpr, consts, args, backward_flags, noise, top=True, where="inside", 
                          out_read=[backward or v in forward_read for v in eqn.outvars])
             if layer:  # what the layer returns is rounded to the checked format; what it
                 # keeps for its backward (JAX's residuals) stays in its cache, unrounded
-                outs = [o + noise(jnp.shape(o), "format", lambda o=o: jnp.abs(o))
+                outs = [o + noise(jnp.shape(o), "format", lambda o=o: _finite(jnp.abs(o)))
                         if _is_float(o) and (backward or v in forward_read) else o
                         for o, v in zip(outs, eqn.outvars)]
-        elif name in ("while", "cond", "scan"):
+        elif name == "scan":  # a static trip count: unrolled, every step's roundings perturbed
+            flags = [False if isinstance(v, jcore.Literal) else flag[v] for v in eqn.invars]
+            outs = _scan(eqn, ins, flags, noise, where)
+        elif name in ("while", "cond"):
             raise Unsupported(f"control flow ('{name}') in the oracle")
         else:
             out = eqn.primitive.bind(*ins, **eqn.params)
@@ -265,16 +270,39 @@ def _eval(jaxpr, consts, args, backward_flags, noise, top=True, where="inside", 
     return [read(v) for v in jaxpr.outvars]
 
 
+def _scan(eqn, ins, flags, noise, where):
+    """A scan's outputs (final carry, stacked ys) with its body evaluated step by step."""
+    p = eqn.params
+    body, nc, ncar = p["jaxpr"], p["num_consts"], p["num_carry"]
+    consts, carry, xs = list(ins[:nc]), list(ins[nc:nc + ncar]), list(ins[nc + ncar:])
+    steps = range(p["length"] - 1, -1, -1) if p["reverse"] else range(p["length"])
+    ys = []
+    for i in steps:
+        outs = _eval(body.jaxpr, body.consts, consts + carry + [x[i] for x in xs], flags,
+                     noise, top=False, where=where)
+        carry, y = outs[:ncar], outs[ncar:]
+        ys.append(y)
+    if p["reverse"]:
+        ys.reverse()
+    n_ys = len(body.jaxpr.outvars) - ncar
+    return carry + [jnp.stack([y[k] for y in ys]) for k in range(n_ys)]
+
+
 def _round(name, eqn, ins, out, noise, part):
     """out with the rounding perturbation of its operation (exact operations unchanged)."""
     if name in EXACT or not _is_float(out):
         return out
     exact = out
-    out = out + noise(jnp.shape(out), part, lambda: jnp.abs(exact))
+    out = out + noise(jnp.shape(out), part, lambda: _finite(jnp.abs(exact)))
     if name not in SUMS:
         return out
     sums = part if part == "format" else part + "_sums"
-    return out + noise(jnp.shape(out), sums, lambda: _sum_amplitude(name, eqn, ins))
+    return out + noise(jnp.shape(out), sums, lambda: _finite(_sum_amplitude(name, eqn, ins)))
+
+
+def _finite(amplitude):
+    """A non-finite result (an oracle's -inf mask) is exact: no rounding to perturb it by."""
+    return jnp.where(jnp.isfinite(amplitude), amplitude, 0.0)
 
 
 def _sum_amplitude(name, eqn, ins):

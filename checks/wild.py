@@ -55,3 +55,75 @@ def _broken(g, bug, seed):
     else:
         g[at[0]] = g[at[0]] * 1.05
     return g
+
+
+def mha_inf_oracle(x, params, *, causal=True):
+    """Causal self-attention as users write its oracle: future keys masked with -inf (every
+    masked logit, its softmax term and its gradient are exact: -inf, 0 and 0)."""
+    import jax
+    import jax.numpy as jnp
+    B, T, D = x.shape
+    H, P, _ = params["WQ"].shape
+    xh = x.reshape(B, T, H, P)
+    q = jnp.einsum("bthp,hpq->bhtq", xh, params["WQ"])
+    k = jnp.einsum("bthp,hpq->bhtq", xh, params["WK"])
+    v = jnp.einsum("bthp,hpq->bhtq", xh, params["WV"])
+    logits = jnp.einsum("bhtp,bhsp->bhts", q, k) / np.sqrt(P).astype(x.dtype)
+    if causal:
+        logits = jnp.where(jnp.tril(jnp.ones((T, T), bool)), logits, -jnp.inf)
+    a = jax.nn.softmax(logits, axis=-1)
+    return jnp.einsum("bhts,bhsp->bthp", a, v).reshape(B, T, D) @ params["WO"]
+
+
+def attention_params(rng, dtype, D, H):
+    """WQ, WK, WV (H, P, P) and WO (D, D), each of scale 1/sqrt(fan-in)."""
+    P = D // H
+    w = lambda shape: (rng.standard_normal(shape) / np.sqrt(shape[-2])).astype(dtype)
+    return {"WQ": w((H, P, P)), "WK": w((H, P, P)), "WV": w((H, P, P)), "WO": w((D, D))}
+
+
+# --- a recurrence: h_t = tanh(x_t W + h_{t-1} U), h_0 = 0, out = (h_1 ... h_T) -------------
+
+def rnn_forward(x, params):
+    """x: (B, T, D) -> hs: (B, T, D), in the inputs' dtype.  The cache holds every state."""
+    W, U = params["W"], params["U"]
+    h = np.zeros(x.shape[:1] + x.shape[2:], x.dtype)                          # (B, D)
+    hs = []
+    for t in range(x.shape[1]):
+        h = np.tanh(x[:, t] @ W + h @ U)                                        # (B, D)
+        hs.append(h)
+    hs = np.stack(hs, axis=1)                                                  # (B, T, D)
+    return hs, (x, W, U, hs)
+
+
+def rnn_backward(dhs, cache):
+    """Back-propagation through time: (dx, {"W": dW, "U": dU})."""
+    x, W, U, hs = cache
+    dx, dW, dU = np.zeros_like(x), np.zeros_like(W), np.zeros_like(U)
+    dh = np.zeros_like(hs[:, 0])                                               # (B, D)
+    for t in range(x.shape[1] - 1, -1, -1):
+        dz = (dh + dhs[:, t]) * (1 - hs[:, t] * hs[:, t])                      # (B, D)
+        prev = hs[:, t - 1] if t > 0 else np.zeros_like(dh)
+        dx[:, t] = dz @ W.T
+        dW += x[:, t].T @ dz
+        dU += prev.T @ dz
+        dh = dz @ U.T
+    return dx, {"W": dW, "U": dU}
+
+
+def rnn_oracle(x, params):
+    """The same recurrence as users write it in JAX: lax.scan over time."""
+    import jax
+    import jax.numpy as jnp
+
+    def step(h, x_t):
+        h = jnp.tanh(x_t @ params["W"] + h @ params["U"])
+        return h, h
+    _, hs = jax.lax.scan(step, jnp.zeros((x.shape[0], x.shape[2]), x.dtype),
+                         jnp.swapaxes(x, 0, 1))
+    return jnp.swapaxes(hs, 0, 1)
+
+
+def rnn_case(rng, dtype, B=4, T=12, D=8):
+    w = lambda: (rng.standard_normal((D, D)) / np.sqrt(D)).astype(dtype)
+    return rng.standard_normal((B, T, D)).astype(dtype), {"W": w(), "U": w()}
