@@ -129,7 +129,7 @@ class LayerCheck:
         self.input_names, self.axes, self.sizes = input_names, dict(axes or {}), sizes
         self.fd_scheme, self.policy, self.given_dout = fd, policy, dout
         self.notes, self.forward_error, self.forward_score = [], math.nan, math.nan
-        self.forward_ok, self.judges = False, {}
+        self.forward_ok, self.judges, self.kink_moved = False, {}, {}
 
     # --- stages ----------------------------------------------------------------------------
 
@@ -230,7 +230,8 @@ class LayerCheck:
         except Unsupported as exc:
             self.spread_out = None
             self.notes.append(Note(Finding.NO_ROUNDING_MODEL, (("why", str(exc).splitlines()[0]),)))
-        self.forward_tol = self._tol(self.spread_out, self.ref_out)
+        self._find_kinks()
+        self.forward_tol = self._tol(self.spread_out, self.ref_out) + self._moved("out")
         out = _f64(self.out)
         score = _score(out, self.ref_out, self.forward_tol)
         low = self._low_precision()
@@ -287,7 +288,8 @@ class LayerCheck:
             g_auto = self.auto_in[key] if isinstance(key, int) else self.auto_params[key]
             spread = self._spread_of(key)
             hand = self.dinputs[key] if isinstance(key, int) else self.dparams.get(key)
-            judge = Judge(tname, key, x, g_auto, self._tol(spread, g_auto), self.dtype,
+            judge = Judge(tname, key, x, g_auto, self._tol(spread, g_auto) + self._moved(key),
+                          self.dtype,
                           self.fd, self.rng, self.policy, self._caveats)
             self.judges[tname] = judge
             self.results.append(judge.judge(hand))
@@ -324,14 +326,16 @@ class LayerCheck:
                 or all(r.ok for r in self.results[:len(judges)]):
             return
         spreads = {j.name: self._spread_of(j.key) for j in judges}
-        exact_inputs = [self._tol(spreads[j.name], j.g_auto, u_inputs=0.0) for j in judges]
+        exact_inputs = [self._tol(spreads[j.name], j.g_auto, u_inputs=0.0) + self._moved(j.key)
+                        for j in judges]
         if not all(precision_change(j.last_hand - j.g_auto, j.g_auto, t, shifts=False)
                    and in_format(j.last_hand, low) for j, t in zip(judges, exact_inputs)):
             return
         u_low, u_dtype = self.policy.u(low), self.u_backward
         self.u_backward = u_low
         u_in = max(self.u_inputs, u_low[0])
-        tols = [self._tol(spreads[j.name], j.g_auto, u_inputs=u_in) for j in judges]
+        tols = [self._tol(spreads[j.name], j.g_auto, u_inputs=u_in) + self._moved(j.key)
+                for j in judges]
         if any(_score(j.last_hand, j.g_auto, t) > 1 for j, t in zip(judges, tols)):
             self.u_backward = u_dtype
             return
@@ -378,6 +382,44 @@ class LayerCheck:
         scale = float(np.max(np.abs(judge.g_auto))) if judge.g_auto.size else 0.0
         low = self.u_forward[0] / tolerances.unit_roundoff(self.dtype)
         return max(result.tol, low * float(np.max(tol)) / scale if scale else math.inf)
+
+    def _find_kinks(self):
+        """Elements within rounding of a kink: where a comparison in the oracle's program
+        (leaky ReLU's x > 0, a max) flips under the rounding model's noise at this check's
+        roundoffs, a correct kernel may take either branch.  Each output and gradient element is
+        judged with that branch's difference added to its tolerance (``checks.rounding``
+        ``RoundingModel.kinks``), and a finding says how many elements of which tensors sit
+        there; every other element is judged as before."""
+        self.kink_moved = {}
+        if self.spread_out is None:
+            return
+        fe, fs = self.u_forward
+        be, bs = self.u_backward
+        us = (fe, fs, be, bs, self.u_inputs, max(self.u, fe))
+        try:
+            found = self.ref.kinks(self.dout64, us, self.seed)
+        except Exception:  # a program the flip run cannot follow: judged without it
+            found = None
+        if not found or not found[3]:
+            return
+        out, d_in, d_params, _ = found
+        self.kink_moved = {"out": out, **d_in, **d_params}
+        counts = []
+        for key, moved in self.kink_moved.items():
+            ref = self.ref_out if key == "out" else (
+                self.auto_in[key] if isinstance(key, int) else self.auto_params[key])
+            spread = self.spread_out if key == "out" else self._spread_of(key)
+            n = int(np.sum(moved > self._tol(spread, ref)))
+            if n:
+                name = "the output" if key == "out" else (
+                    self.names[key] if isinstance(key, int) else key)
+                counts.append(f"{n} of {name}")
+        if counts:
+            self.notes.append(Note(Finding.KINKS, (("where", ", ".join(counts)),)))
+
+    def _moved(self, key):
+        """How far an element of a tensor moves with its kinks' branches flipped (0 if none)."""
+        return self.kink_moved.get(key, 0.0)
 
     def _spread_of(self, key):
         if self.spread_out is None:

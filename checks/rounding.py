@@ -67,6 +67,11 @@ EXACT = {"neg", "abs", "sign", "max", "min", "select_n", "reshape", "transpose",
          "device_put", "split", "tile"}
 SUMS = {"dot_general", "reduce_sum", "cumsum", "scatter-add", "scatter_add"}
 FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
+# comparisons: a kink where the branch taken changes (checks.engine judges either branch there)
+PREDICATES = {"gt", "ge", "lt", "le", "eq", "ne"}
+BRANCHES = PREDICATES | {"max", "min"}
+KINK_SIGMAS = 32.0   # a predicate within this many rounding errors of flipping sits at a kink
+#                      (a correct kernel errs by up to LAMBDA = 16 of them: twice that)
 CALLS = {"jit", "pjit", "closed_call", "core_call", "remat", "checkpoint", "custom_jvp_call",
          "custom_vjp_call", "custom_vjp_call_jaxpr"}
 
@@ -122,8 +127,11 @@ class RoundingModel:
         self.samples = samples
         self.record = []  # (shape, part) of every perturbation, in program order
         self.layered = _has_layers(self.closed.jaxpr)
-        jax.eval_shape(lambda f: self._eval(f, _Noise("record", self.record)), flat)
+        counter = _Noise("record", self.record)
+        jax.eval_shape(lambda f: self._eval(f, counter), flat)
+        self.has_branches = counter.branches > 0
         self._run = jax.jit(self._spreads, compiler_options=FAST_COMPILE)
+        self._kinks = jax.jit(self._kink_run, compiler_options=FAST_COMPILE)
 
     def _eval(self, flat, noise):
         return _eval(self.closed.jaxpr, self.closed.consts, flat, self.backward_in, noise,
@@ -140,6 +148,45 @@ class RoundingModel:
         # a non-finite result the perturbations leave unchanged (a -inf mask) deviates by 0
         return [jnp.sqrt(jnp.mean(jnp.where(p == e, 0.0, p - e) ** 2, axis=0))
                 for p, e in zip(perturbed, exact)]
+
+    def _kink_run(self, flat, noises):
+        """Per output, how far it moves when every predicate that flips in some perturbed run
+        (noise at the check's own roundoffs) is flipped in the exact run; and how many flip."""
+        amplitudes, exact_preds = [], []
+        exact = self._eval(flat, _Noise("amplitude", amplitudes, preds=exact_preds))
+
+        def predicates(f, z):
+            preds = []
+            self._eval(f, _Noise("perturb", amplitudes, z, preds=preds))
+            return preds
+        perturbed = jax.vmap(predicates, in_axes=(None, 0))(flat, noises)
+        flips = [jnp.any(p != e, axis=0) for p, e in zip(perturbed, exact_preds)]
+        # a kernel flips some of them: every one, a random half and the other half (flipping
+        # all at once can cancel in a sum what a subset leaves), the largest move of the three
+        halves = [jax.random.bernoulli(jax.random.fold_in(jax.random.PRNGKey(0), k), 0.5,
+                                       jnp.shape(f)) for k, f in enumerate(flips)]
+        moved = [jnp.zeros(jnp.shape(e)) for e in exact]
+        for subset in (flips, [f & h for f, h in zip(flips, halves)],
+                       [f & ~h for f, h in zip(flips, halves)]):
+            flipped = self._eval(flat, _Noise("exact", None, flips=subset))
+            moved = [jnp.maximum(m, jnp.where(f == e, 0.0, jnp.abs(f - e)))
+                     for m, f, e in zip(moved, flipped, exact)]
+        return moved, sum(jnp.sum(f) for f in flips)
+
+    def kinks(self, args, us, seed=0):
+        """(a pytree like the program's output of how far each element moves with its kinks'
+        branches flipped, the number of predicate elements that flip), with noise at the
+        roundoffs us (one per part, ``PARTS``) times KINK_SIGMAS; None without comparisons."""
+        if not self.has_branches:
+            return None
+        flat, _ = jax.tree_util.tree_flatten(args)
+        rng = np.random.default_rng([seed, 0x4B1])
+        noises = [(KINK_SIGMAS * us[p] * rng.standard_normal((self.samples,) + shape)
+                   ).astype(np.float32) for shape, p in self.record]
+        moved, n = self._kinks(flat, noises)
+        moved = [np.asarray(m, np.float64) for m in moved]
+        return (jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(self.shapes), moved),
+                int(n))
 
     def spread(self, args, seed=0):
         """A pytree like the program's output with one Spread per leaf."""
@@ -166,8 +213,9 @@ class _Noise:
     "record": notes (shape, part) and adds nothing; "amplitude": the exact run, which keeps each
     operation's amplitude and adds nothing; "perturb": adds amplitude x noise."""
 
-    def __init__(self, mode, store, noises=None):
+    def __init__(self, mode, store, noises=None, preds=None, flips=None):
         self.mode, self.store, self.noises, self.count = mode, store, noises, 0
+        self.preds, self.flips, self.branches = preds, flips, 0
 
     def __call__(self, shape, part, amplitude):
         """What to add to a result: ``amplitude()`` is its noise scale, evaluated exactly once."""
@@ -178,7 +226,24 @@ class _Noise:
         if self.mode == "amplitude":
             self.store.append(amplitude())
             return 0.0
+        if self.mode == "exact":
+            return 0.0
         return self.store[k] * self.noises[k]
+
+    def branch(self, name, ins, out):
+        """A comparison's (or max/min's) result: its predicate kept in ``preds``, flipped where
+        ``flips`` says (max then takes the smaller operand)."""
+        k, self.branches = self.branches, self.branches + 1
+        if self.preds is not None:
+            pred = out if name in PREDICATES else (ins[0] >= ins[1] if name == "max"
+                                                   else ins[0] <= ins[1])
+            self.preds.append(jnp.broadcast_to(pred, jnp.shape(out)))
+        if self.flips is None:
+            return out
+        if name in PREDICATES:
+            return jnp.where(self.flips[k], ~out, out)
+        other = jnp.minimum(*ins) if name == "max" else jnp.maximum(*ins)
+        return jnp.where(self.flips[k], other, out)
 
 
 def _is_float(x):
@@ -259,6 +324,8 @@ def _eval(jaxpr, consts, args, backward_flags, noise, top=True, where="inside", 
             raise Unsupported(f"control flow ('{name}') in the oracle")
         else:
             out = eqn.primitive.bind(*ins, **eqn.params)
+            if name in BRANCHES and all(_is_float(x) for x in ins):
+                out = noise.branch(name, ins, out)
             outs = out if eqn.primitive.multiple_results else [out]
             part = ("backward" if backward else "forward") if where == "inside" else "format"
             outs = [_round(name, eqn, ins, o, noise, part) for o in outs]

@@ -59,6 +59,8 @@ class Finding(enum.Enum):
     LOW_PRECISION_BACKWARD = ("the backward computes in lower precision than its {dtype} inputs "
                               "(every gradient's errors are {low}'s, none a scaled copy of its "
                               "gradient): judged at {low}'s roundoff")
+    KINKS = ("elements within rounding of a kink ({where}): a comparison in the oracle (leaky "
+             "ReLU's x > 0, a max) flips under rounding there, so either branch is judged right")
     NO_ROUNDING_MODEL = ("the oracle could not be traced for the rounding model ({why}): "
                          "normwise fallback tolerance")
     NO_FINITE_DIFFERENCES = "finite differences skipped (fd='none'): hand against autodiff only"
