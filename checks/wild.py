@@ -127,3 +127,21 @@ def rnn_oracle(x, params):
 def rnn_case(rng, dtype, B=4, T=12, D=8):
     w = lambda: (rng.standard_normal((D, D)) / np.sqrt(D)).astype(dtype)
     return rng.standard_normal((B, T, D)).astype(dtype), {"W": w(), "U": w()}
+
+
+# --- the article's loss: float64 in, summed in float32, returned as float64 ------------------
+
+def article_cross_entropy(logits, targets, params):
+    """Mean cross-entropy as the article writes it: the log-softmax in the inputs' dtype, the
+    sum over positions in float32, a float64 scalar returned."""
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    log_p = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+    picked = np.take_along_axis(log_p, targets[..., None], axis=-1)
+    loss = -np.sum(picked.astype(np.float32), dtype=np.float32) / np.float32(targets.size)
+    return np.float64(loss), (np.exp(log_p), targets)
+
+
+def article_cross_entropy_backward(dloss, cache):
+    probs, targets = cache
+    onehot = targets[..., None] == np.arange(probs.shape[-1])
+    return ((probs - onehot) * dloss / targets.size, None), {}

@@ -8,6 +8,7 @@ import kernels
 import reference
 from checks import assert_layer, check_layer
 from checks.signature import in_format, precision_change
+from checks.wild import article_cross_entropy, article_cross_entropy_backward
 from checks.verdict import Finding, Kind
 
 
@@ -88,25 +89,10 @@ def test_a_float32_backward_returning_float64_is_still_recognised():
     assert "W" in bad.failing, str(bad)
 
 
-def _article_cross_entropy(logits, targets, params):
-    """As the article writes it: float64 in, the loss summed in float32, returned as float64."""
-    shifted = logits - logits.max(axis=-1, keepdims=True)
-    log_p = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
-    picked = np.take_along_axis(log_p, targets[..., None], axis=-1)
-    loss = -np.sum(picked.astype(np.float32), dtype=np.float32) / np.float32(targets.size)
-    return np.float64(loss), (np.exp(log_p), targets)
-
-
-def _article_cross_entropy_backward(dloss, cache):
-    probs, targets = cache
-    onehot = targets[..., None] == np.arange(probs.shape[-1])
-    return ((probs - onehot) * dloss / targets.size, None), {}
-
-
 def test_the_articles_float32_summing_cross_entropy_gets_a_finding_not_a_fail():
     rng = np.random.default_rng(2)
     logits, targets = 2 * rng.standard_normal((4, 16, 12)), rng.integers(0, 12, (4, 16))
-    report = check_layer(_article_cross_entropy, _article_cross_entropy_backward,
+    report = check_layer(article_cross_entropy, article_cross_entropy_backward,
                          reference.cross_entropy, [logits, targets], {},
                          input_names=["logits", "targets"])
     assert report.ok, str(report)
@@ -116,7 +102,7 @@ def test_the_articles_float32_summing_cross_entropy_gets_a_finding_not_a_fail():
 def test_assert_layer_fails_on_a_finding_unless_the_test_allows_it_by_name():
     rng = np.random.default_rng(2)
     logits, targets = 2 * rng.standard_normal((2, 8, 6)), rng.integers(0, 6, (2, 8))
-    args = (_article_cross_entropy, _article_cross_entropy_backward, reference.cross_entropy,
+    args = (article_cross_entropy, article_cross_entropy_backward, reference.cross_entropy,
             [logits, targets], {})
     with pytest.raises(AssertionError, match="LOW_PRECISION_FORWARD"):
         assert_layer(*args)
