@@ -39,8 +39,15 @@ float32, or whose forward runs in a lower precision than its backward, is modell
 (``Spread.at``).
 
 Each part's samples run under ``jax.vmap`` in one program, compiled once per oracle and shape
-and called once per part (memory holds one part's runs); each operation's noise amplitude comes
-from one exact run (``RoundingModel``).
+and called once per part and chunk of samples: the chunk is sized from the memory the machine
+has (a quarter of what is available, at most MEMORY_CAP), so a large model runs its 16 samples
+in a few passes instead of failing; each operation's noise amplitude comes from one exact run
+(``RoundingModel``).
+
+Kinks: every comparison of the program (``PREDICATES``, max and min) is recorded in runs
+perturbed at the check's own roundoffs (``RoundingModel.kinks``); where one flips, a correct
+kernel may take either branch, and the exact program rerun with it flipped says how far each
+output moves.  Non-finite results (an oracle's -inf mask) are exact; ``lax.scan`` is unrolled.
 """
 from __future__ import annotations
 
@@ -56,6 +63,8 @@ from reference.layers import BOUNDARY
 
 U_SIM = 2.0 ** -30   # the simulation's roundoff; spreads are scaled by u / U_SIM
 SAMPLES = 16         # perturbed runs per part of the program (checks.tolerances: LAMBDA)
+MEMORY_CAP = 2 ** 31             # bytes one chunk of the samples may take at most
+BYTES_PER_SAMPLE_ELEMENT = 24    # float32 noise, its float64 perturbation, the perturbed value
 PARTS = ("forward", "forward_sums", "backward", "backward_sums", "inputs", "format")
 
 EXACT = {"neg", "abs", "sign", "max", "min", "select_n", "reshape", "transpose",
@@ -131,14 +140,17 @@ class RoundingModel:
         jax.eval_shape(lambda f: self._eval(f, counter), flat)
         self.has_branches = counter.branches > 0
         self._run = jax.jit(self._spreads, compiler_options=FAST_COMPILE)
-        self._kinks = jax.jit(self._kink_run, compiler_options=FAST_COMPILE)
+        self._flips_run = jax.jit(self._flips, compiler_options=FAST_COMPILE)
+        self._moves_run = jax.jit(self._moves, compiler_options=FAST_COMPILE)
+        self.elements = sum(math.prod(shape) for shape, _ in self.record)
 
     def _eval(self, flat, noise):
         return _eval(self.closed.jaxpr, self.closed.consts, flat, self.backward_in, noise,
                      where="between" if self.layered else "inside")
 
     def _spreads(self, flat, noises, part):
-        """Root-mean-square deviation of every output under the noise of one part only."""
+        """Squared deviations of every output under the noise of one part only, summed over
+        the samples of ``noises`` (one chunk of them)."""
         amplitudes = []
         exact = self._eval(flat, _Noise("amplitude", amplitudes))
         z = [jnp.where(p == part, U_SIM * xi, 0.0)                      # (N, ...) each
@@ -146,23 +158,26 @@ class RoundingModel:
         perturbed = jax.vmap(lambda f, z: self._eval(f, _Noise("perturb", amplitudes, z)),
                              in_axes=(None, 0))(flat, z)
         # a non-finite result the perturbations leave unchanged (a -inf mask) deviates by 0
-        return [jnp.sqrt(jnp.mean(jnp.where(p == e, 0.0, p - e) ** 2, axis=0))
+        return [jnp.sum(jnp.where(p == e, 0.0, p - e) ** 2, axis=0)     # summed over N
                 for p, e in zip(perturbed, exact)]
 
-    def _kink_run(self, flat, noises):
-        """Per output, how far it moves when every predicate that flips in some perturbed run
-        (noise at the check's own roundoffs) is flipped in the exact run; and how many flip."""
+    def _flips(self, flat, noises):
+        """Per predicate of the program, where it flips in some perturbed run of the chunk."""
         amplitudes, exact_preds = [], []
-        exact = self._eval(flat, _Noise("amplitude", amplitudes, preds=exact_preds))
+        self._eval(flat, _Noise("amplitude", amplitudes, preds=exact_preds))
 
         def predicates(f, z):
             preds = []
             self._eval(f, _Noise("perturb", amplitudes, z, preds=preds))
             return preds
         perturbed = jax.vmap(predicates, in_axes=(None, 0))(flat, noises)
-        flips = [jnp.any(p != e, axis=0) for p, e in zip(perturbed, exact_preds)]
-        # a kernel flips some of them: every one, a random half and the other half (flipping
-        # all at once can cancel in a sum what a subset leaves), the largest move of the three
+        return [jnp.any(p != e, axis=0) for p, e in zip(perturbed, exact_preds)]
+
+    def _moves(self, flat, flips):
+        """Per output, how far it moves with the flipping predicates flipped in the exact run:
+        all of them, a random half and the other half (flipping all at once can cancel in a sum
+        what a subset leaves), the largest move of the three; and how many flip."""
+        exact = self._eval(flat, _Noise("exact", None))
         halves = [jax.random.bernoulli(jax.random.fold_in(jax.random.PRNGKey(0), k), 0.5,
                                        jnp.shape(f)) for k, f in enumerate(flips)]
         moved = [jnp.zeros(jnp.shape(e)) for e in exact]
@@ -181,9 +196,13 @@ class RoundingModel:
             return None
         flat, _ = jax.tree_util.tree_flatten(args)
         rng = np.random.default_rng([seed, 0x4B1])
-        noises = [(KINK_SIGMAS * us[p] * rng.standard_normal((self.samples,) + shape)
-                   ).astype(np.float32) for shape, p in self.record]
-        moved, n = self._kinks(flat, noises)
+        flips = None
+        for n in _chunks(self.samples, self.elements):
+            noises = [(KINK_SIGMAS * us[p] * rng.standard_normal((n,) + shape)
+                       ).astype(np.float32) for shape, p in self.record]
+            found = [np.asarray(f) for f in self._flips_run(flat, noises)]
+            flips = found if flips is None else [a | b for a, b in zip(flips, found)]
+        moved, n = self._moves_run(flat, flips)
         moved = [np.asarray(m, np.float64) for m in moved]
         return (jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(self.shapes), moved),
                 int(n))
@@ -192,19 +211,48 @@ class RoundingModel:
         """A pytree like the program's output with one Spread per leaf."""
         flat, _ = jax.tree_util.tree_flatten(args)
         rng = np.random.default_rng([seed, 0x40D])
-        # each part's noise for its own samples only; float32 draws: the noise needs no precision
-        noises = [rng.standard_normal((self.samples,) + shape, np.float32)  # (N, ...) each
-                  for shape, _ in self.record]
-        # one compiled program, run once per part: memory holds one part's N runs (a part with
-        # no perturbation, such as the format of a single layer, spreads nothing)
-        used = {p for _, p in self.record}
+        # one compiled program, run once per part and chunk of samples: memory holds one
+        # chunk's runs (``_chunks``); a part with no perturbation, such as the format of a
+        # single layer, spreads nothing
+        used = sorted({p for _, p in self.record})
+        sums = {}
+        for n in _chunks(self.samples, self.elements):
+            # float32 draws: the noise needs no precision
+            noises = [rng.standard_normal((n,) + shape, np.float32)  # (n, ...) each
+                      for shape, _ in self.record]
+            for part in used:
+                sq = [np.asarray(a, np.float64) for a in self._run(flat, noises, part)]
+                sums[part] = sq if part not in sums else [a + b for a, b in zip(sums[part], sq)]
         zeros = [np.zeros(shape) for shape in
                  (s.shape for s in jax.tree_util.tree_leaves(self.shapes))]
-        per_part = [self._run(flat, noises, part) if part in used else zeros
+        per_part = [[np.sqrt(a / self.samples) for a in sums[part]] if part in sums else zeros
                     for part in range(len(PARTS))]
         spreads = [Spread(*(np.asarray(rms, np.float64) for rms in leaf))
                    for leaf in zip(*per_part)]
         return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(self.shapes), spreads)
+
+
+def _available_memory() -> int:
+    """Bytes the machine can still give (MemAvailable), or MEMORY_CAP when unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return MEMORY_CAP
+
+
+def _chunks(samples, elements):
+    """Sample counts that add up to ``samples``, each chunk within the memory budget: a
+    quarter of the memory available, at most MEMORY_CAP, at BYTES_PER_SAMPLE_ELEMENT per
+    sample and recorded element (its noise, its perturbation, the perturbed value)."""
+    budget = min(MEMORY_CAP, _available_memory() // 4)
+    n = samples
+    while n > 1 and n * elements * BYTES_PER_SAMPLE_ELEMENT > budget:
+        n //= 2
+    return [n] * (samples // n) + ([samples % n] if samples % n else [])
 
 
 class _Noise:
