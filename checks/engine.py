@@ -362,7 +362,7 @@ class LayerCheck:
             if not r.ok or j.last_hand is None:
                 continue
             own = self.policy.elementwise(self._spread_of(j.key).at(u, u, u[0], format=self.u),
-                                          j.g_auto, self.dtype)
+                                          j.g_auto, self.dtype) + self._moved(j.key)
             e = j.last_hand - j.g_auto
             if _score(j.last_hand, j.g_auto, own) > 1 and not precision_change(e, j.g_auto, own):
                 r.verdict = Verdict(Kind.HAND_WRONG, "its error against the checked dtype's "

@@ -82,6 +82,7 @@ def test_a_false_alarm_is_counted(dtype):
     assert margin.false_alarms == 1 and margin.worst > 1 and "seed 0" in margin.first_alarm
 
 
+@pytest.mark.slow  # five checks, a recurrence and attention among them
 def test_a_slice_of_the_wild_calibration_judges_correct_kernels_ok_and_bugs_the_hands():
     """`python -m checks calibrate --wild` in miniature: user-style cases at the registry's
     sizes, a correct kernel and one planted bug each."""

@@ -1,6 +1,7 @@
 """Bounded memory: the rounding model's samples run in chunks sized from the memory available,
 with the same spreads' scale whatever the chunk."""
 import numpy as np
+import pytest
 
 import kernels
 import reference
@@ -17,6 +18,7 @@ def test_chunks_add_up_to_the_samples_and_shrink_with_the_budget(monkeypatch):
     assert sum(rounding._chunks(10, 16)) == 10
 
 
+@pytest.mark.slow  # compiles the rounding model twice
 def test_a_check_in_chunks_of_one_sample_gives_the_spreads_of_one_pass(monkeypatch):
     rng = np.random.default_rng(0)
     x = rng.standard_normal((2, 6, 8)).astype(np.float32)

@@ -136,6 +136,7 @@ def test_a_small_error_in_a_half_precision_gradient_fails(fmt, factor):
     assert bad.failing == ["b"], str(bad)
 
 
+@pytest.mark.slow  # the whole model in bfloat16, about a minute a check
 @pytest.mark.parametrize("seed,sizes", [(2, None), (10, {"B": 1}), (5, {"T": 1})])
 def test_the_model_in_bfloat16_passes_with_no_input_placed_away_from_kinks(seed, sizes):
     """bfloat16 cases that once raised false alarms (a rounding moved a pre-activation across
