@@ -229,7 +229,8 @@ class LayerCheck:
                                                                                   self.seed)
         except Unsupported as exc:
             self.spread_out = None
-            self.notes.append(Note(Finding.NO_ROUNDING_MODEL, (("why", str(exc).splitlines()[0]),)))
+            self.notes.append(Note(Finding.NO_ROUNDING_MODEL, (("why", str(exc).splitlines()[0]),
+                                                               ("slack", self._fallback_slack()))))
         self._find_kinks()
         self.forward_tol = self._tol(self.spread_out, self.ref_out) + self._moved("out")
         out = _f64(self.out)
@@ -252,6 +253,12 @@ class LayerCheck:
         self.forward_score = score
         self.forward_ok = score <= 1
 
+    def _fallback_slack(self):
+        """The normwise fallback's tolerance in units of u x the largest element: what every
+        element may err by without a rounding model (the sensitivity lost)."""
+        k = 1 + int(self.ref_out.size) + max([int(x.size) for x in self.floats] or [1])
+        return FALLBACK_SAFETY * math.sqrt(k)
+
     def _low_precision(self):
         """The lower precision a kernel of this dtype may be recognised in, or None."""
         low = np.dtype(self.policy.LOW_PRECISION)
@@ -262,9 +269,8 @@ class LayerCheck:
     def _tol(self, spread, reference, u_forward=None, u_inputs=None):
         """tol_i of one tensor from its spread; a normwise fallback without a rounding model."""
         if spread is None:
-            k = 1 + int(self.ref_out.size) + max([int(x.size) for x in self.floats] or [1])
             scale = float(np.max(np.abs(reference))) if reference.size else 0.0
-            return np.full(np.shape(reference), FALLBACK_SAFETY * math.sqrt(k) * self.u * scale
+            return np.full(np.shape(reference), self._fallback_slack() * self.u * scale
                            + float(tolerances.finfo(self.dtype).tiny))
         u_forward = u_forward or self.u_forward
         # a composition's layers return, and its steps between layers run, in the checked

@@ -61,7 +61,9 @@ class Finding(enum.Enum):
                               "gradient): judged at {low}'s roundoff")
     KINKS = ("elements within rounding of a kink ({where}): a comparison in the oracle (leaky "
              "ReLU's x > 0, a max) flips under rounding there, so either branch is judged right")
-    NO_ROUNDING_MODEL = ("the oracle could not be traced for the rounding model ({why}): "
+    NO_ROUNDING_MODEL = ("the oracle could not be traced for the rounding model ({why}): every "
+                         "element may err by {slack:.3g} x u x the tensor's largest element, "
+                         "errors below that go unseen; "
                          "normwise fallback tolerance")
     NO_FINITE_DIFFERENCES = "finite differences skipped (fd='none'): hand against autodiff only"
     COMPLEX_STEP_ON_ORACLE = ("the hand forward does not take complex inputs: the complex step "

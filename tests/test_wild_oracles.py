@@ -49,3 +49,18 @@ def test_a_uniform_1e_4_float32_error_under_a_scan_oracle_fails():
         return dx, {**grads, "U": grads["U"] * np.float32(1 + 1e-4)}
     report = _rnn_report("float32", scaled)
     assert report.failing == ["U"], str(report)
+
+
+def test_a_cond_oracle_falls_back_with_a_finding_that_says_what_is_lost():
+    import jax
+
+    from checks.verdict import Finding
+
+    def doubled(x, p):
+        return jax.lax.cond(x.sum() > -1e9, lambda x: 2 * x, lambda x: 3 * x, x)
+    x = np.random.default_rng(0).standard_normal((3, 4))
+    report = check_layer(lambda x, p: (2 * x, None), lambda dy, c: (2 * dy, {}), doubled, [x],
+                         {})
+    assert report.ok, str(report)
+    note = next(n for n in report.notes if n.finding is Finding.NO_ROUNDING_MODEL)
+    assert "control flow ('cond')" in str(note) and "x u x the tensor's largest" in str(note)
