@@ -295,8 +295,7 @@ class LayerCheck:
             spread = self._spread_of(key)
             hand = self.dinputs[key] if isinstance(key, int) else self.dparams.get(key)
             judge = Judge(tname, key, x, g_auto, self._tol(spread, g_auto) + self._moved(key),
-                          self.dtype,
-                          self.fd, self.rng, self.policy, self._caveats)
+                          self.dtype, self.fd, self.rng, self.policy, self._caveats)
             self.judges[tname] = judge
             self.results.append(judge.judge(hand))
         self._recognise_low_precision_backward()
@@ -357,10 +356,9 @@ class LayerCheck:
         """A finding relaxes the tolerances of the precision it names, never a bug: a gradient
         that passes only under the finding's tolerances, while its error against the checked
         dtype's own is no precision change (a scaled copy, an offset, a few elements), fails."""
-        if self.u_forward == self.u_backward == self.policy.u(self.dtype) \
-                and self.u_inputs == self.u_forward[0]:
-            return
-        if self.spread_out is None:
+        relaxed = not (self.u_forward == self.u_backward == self.policy.u(self.dtype)
+                       and self.u_inputs == self.u_forward[0])
+        if not relaxed or self.spread_out is None:
             return
         u = self.policy.u(self.dtype)
         for i, j in enumerate(list(self.judges.values())):
