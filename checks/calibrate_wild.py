@@ -104,7 +104,6 @@ CASES = {
     "rnn (lax.scan)": (_rnn, ("float64", "float32"), ("registry", "article"), ("U", "x")),
     "article's loss": (_article_loss, ("float64",), ("registry", "article"), ()),
 }
-BENCH_SEEDS = 1   # checks per dtype at the bench's size (seconds each)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,16 +116,16 @@ class Task:
     tensor: str = ""
 
 
-def tasks(seeds: int, cases=None, dtypes=ALL):
-    """Every case x dtype x size x seed: the correct kernel, and each bug in a tensor chosen by
-    the seed."""
+def tasks(seeds: int, cases=None, dtypes=ALL, bench_seeds=1):
+    """Every case x dtype x size x seed (``bench_seeds`` at the bench's size, minutes each on
+    two cores): the correct kernel, and each bug in a tensor chosen by the seed."""
     from checks.wild import BUGS
     out = []
     for name in cases or CASES:
         _, allowed, sizes, tensors = CASES[name]
         for dtype in [d for d in dtypes if d in allowed]:
             for size in sizes:
-                for seed in range(BENCH_SEEDS if size == "bench" else seeds):
+                for seed in range(bench_seeds if size == "bench" else seeds):
                     out.append(Task(name, dtype, size, seed))
                     for k, bug in enumerate(BUGS if tensors else ()):
                         out.append(Task(name, dtype, size, seed, bug,
@@ -195,9 +194,10 @@ def summary(results) -> str:
             f"{c['oracle']} on the oracle, {c['unresolved']} unresolved, {c['missed']} missed")
 
 
-def calibrate_wild(seeds: int, *, cases=None, dtypes=ALL, workers=0, scheduler=None):
+def calibrate_wild(seeds: int, *, cases=None, dtypes=ALL, bench_seeds=1, workers=0,
+                   scheduler=None):
     from checks.parallel import map_tasks
-    return map_tasks(run_task, tasks(seeds, cases, dtypes), workers=workers,
+    return map_tasks(run_task, tasks(seeds, cases, dtypes, bench_seeds), workers=workers,
                      scheduler=scheduler, desc="calibrate --wild")
 
 
@@ -209,7 +209,8 @@ def main(args, on_cluster) -> int:
     --write-docs the section "wild" of docs/tolerances.md.  Exit status 1 on a false alarm."""
     from checks.docs import DOCS, write_section
     dtypes = tuple(args.dtype or ALL)
-    results = on_cluster(args, calibrate_wild, args.seeds or SEEDS, dtypes=dtypes)
+    results = on_cluster(args, calibrate_wild, args.seeds or SEEDS, dtypes=dtypes,
+                         bench_seeds=args.large_seeds)
     table, line = confusion(results), summary(results)
     print(table + "\n\n" + line)
     if args.write_docs:
