@@ -79,6 +79,8 @@ FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive
 # comparisons: a kink where the branch taken changes (checks.engine judges either branch there)
 PREDICATES = {"gt", "ge", "lt", "le", "eq", "ne"}
 BRANCHES = PREDICATES | {"max", "min"}
+ONE_BY_ONE_MAX = 512   # flips moved one at a time (their sum bounds any subset), beyond: subsets
+ONE_BY_ONE_BATCH = 16  # flips per compiled batch
 KINK_SIGMAS = 32.0   # a predicate within this many rounding errors of flipping sits at a kink
 #                      (a correct kernel errs by up to LAMBDA = 16 of them: twice that)
 CALLS = {"jit", "pjit", "closed_call", "core_call", "remat", "checkpoint", "custom_jvp_call",
@@ -142,6 +144,7 @@ class RoundingModel:
         self._run = jax.jit(self._spreads, compiler_options=FAST_COMPILE)
         self._flips_run = jax.jit(self._flips, compiler_options=FAST_COMPILE)
         self._moves_run = jax.jit(self._moves, compiler_options=FAST_COMPILE)
+        self._one_by_one_run = jax.jit(self._one_by_one, compiler_options=FAST_COMPILE)
         self.elements = sum(math.prod(shape) for shape, _ in self.record)
 
     def _eval(self, flat, noise):
@@ -188,6 +191,32 @@ class RoundingModel:
                      for m, f, e in zip(moved, flipped, exact)]
         return moved, sum(jnp.sum(f) for f in flips)
 
+    def _one_by_one(self, flat, masks):
+        """Per output, sum_k |how far it moves with predicate element k alone flipped| over a
+        batch of one-hot masks (K, ...) per predicate."""
+        exact = self._eval(flat, _Noise("exact", None))
+        flipped = jax.vmap(lambda m: self._eval(flat, _Noise("exact", None, flips=m)))(masks)
+        return [jnp.sum(jnp.where(f == e, 0.0, jnp.abs(f - e)), axis=0)
+                for f, e in zip(flipped, exact)]
+
+    def _each_flip(self, flat, flips):
+        """sum_k |move of flip k alone| per output: to first order a bound on the move of any
+        subset of the flips a kernel may take (None beyond ONE_BY_ONE_MAX flips)."""
+        where = [(p, i) for p, f in enumerate(flips) for i in np.flatnonzero(f)]
+        if not where or len(where) > ONE_BY_ONE_MAX:
+            return None
+        total = None
+        for start in range(0, len(where), ONE_BY_ONE_BATCH):
+            batch = where[start:start + ONE_BY_ONE_BATCH]
+            batch += [batch[0]] * (ONE_BY_ONE_BATCH - len(batch))  # one compiled batch size
+            masks = [np.zeros((ONE_BY_ONE_BATCH, f.size), bool) for f in flips]
+            for k, (p, i) in enumerate(batch):
+                masks[p][k, i] = True
+            masks = [m.reshape((ONE_BY_ONE_BATCH,) + f.shape) for m, f in zip(masks, flips)]
+            sums = [np.asarray(s, np.float64) for s in self._one_by_one_run(flat, masks)]
+            total = sums if total is None else [a + b for a, b in zip(total, sums)]
+        return total
+
     def kinks(self, args, us, seed=0):
         """(a pytree like the program's output of how far each element moves with its kinks'
         branches flipped, the number of predicate elements that flip), with noise at the
@@ -204,6 +233,9 @@ class RoundingModel:
             flips = found if flips is None else [a | b for a, b in zip(flips, found)]
         moved, n = self._moves_run(flat, flips)
         moved = [np.asarray(m, np.float64) for m in moved]
+        each = self._each_flip(flat, flips)
+        if each is not None:  # (a padded batch counts its first flip again: a bound still)
+            moved = [np.maximum(m, e) for m, e in zip(moved, each)]
         return (jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(self.shapes), moved),
                 int(n))
 
