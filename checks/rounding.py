@@ -81,8 +81,8 @@ PREDICATES = {"gt", "ge", "lt", "le", "eq", "ne"}
 BRANCHES = PREDICATES | {"max", "min"}
 ONE_BY_ONE_MAX = 512   # flips moved one at a time (their sum bounds any subset), beyond: subsets
 ONE_BY_ONE_BATCH = 16  # flips per compiled batch
-KINK_SIGMAS = 32.0   # a predicate within this many rounding errors of flipping sits at a kink
-#                      (a correct kernel errs by up to LAMBDA = 16 of them: twice that)
+KINK_SIGMAS = 16.0   # noise of the kink runs, in rounding errors: the LAMBDA band (the largest
+#                      of 16 normal draws is about 2: margins up to about 32 spreads flip)
 CALLS = {"jit", "pjit", "closed_call", "core_call", "remat", "checkpoint", "custom_jvp_call",
          "custom_vjp_call", "custom_vjp_call_jaxpr"}
 
