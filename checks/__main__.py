@@ -219,7 +219,11 @@ def _write_run(args, path, name, body):
 
 
 def calibrate(args) -> int:
+    if args.wild:
+        from checks.calibrate_wild import main
+        return main(args, _on_cluster)
     from checks.calibrate import ALL_CASES, calibrate as run, format_cases, format_margins, summary
+    args.seeds = args.seeds or 200
     rows = args.layer or ROWS
     dtypes = args.dtype or list(DEFAULT_FORMATS)
     margins = _on_cluster(args, run, rows, dtypes, args.seeds, fd=args.fd,
@@ -307,8 +311,11 @@ def parser_for(command):
         p = Parser(prog="python -m checks calibrate",
                    description="every layer x dtype over many seeds and random shapes: the worst "
                                "error as a fraction of its tolerance")
-        p.add_argument("--seeds", type=_positive, default=200, help="seeds per layer x dtype")
+        p.add_argument("--seeds", type=_positive, default=None,
+                       help="seeds per layer x dtype (default 200; with --wild, 17)")
         _cluster_options(p)
+        p.add_argument("--wild", action="store_true",
+                       help="user-style cases instead of the registry (checks.calibrate_wild)")
         p.add_argument("--layer", action="append", type=_layer, help="only this layer")
         p.add_argument("--dtype", choices=FORMATS, action="append",
                        help="a format to check (repeatable; default: float64 and float32)")

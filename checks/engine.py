@@ -29,9 +29,11 @@ import numpy as np
 
 from checks import contract, tolerances
 from checks.diagnosis import Context, constants_from, diagnose, locate
+from checks.evidence import blame, examine, pick
 from checks.legs import FiniteDifferences, Measured, Oracle, normwise
 from checks.report import Report, TensorResult, format_table, reports_to_json  # noqa: F401
 from checks.rounding import Unsupported
+from checks.signature import in_format, precision_change
 from checks.verdict import BLAMES_ORACLE, Finding, Kind, Note, Verdict
 from kernels.backend import to_numpy
 
@@ -127,7 +129,7 @@ class LayerCheck:
         self.input_names, self.axes, self.sizes = input_names, dict(axes or {}), sizes
         self.fd_scheme, self.policy, self.given_dout = fd, policy, dout
         self.notes, self.forward_error, self.forward_score = [], math.nan, math.nan
-        self.forward_ok, self.judges = False, {}
+        self.forward_ok, self.judges, self.kink_moved = False, {}, {}
 
     # --- stages ----------------------------------------------------------------------------
 
@@ -239,12 +241,15 @@ class LayerCheck:
                                                                                   self.seed)
         except Unsupported as exc:
             self.spread_out = None
-            self.notes.append(Note(Finding.NO_ROUNDING_MODEL, (("why", str(exc).splitlines()[0]),)))
-        self.forward_tol = self._tol(self.spread_out, self.ref_out)
+            self.notes.append(Note(Finding.NO_ROUNDING_MODEL, (("why", str(exc).splitlines()[0]),
+                                                               ("slack", self._fallback_slack()))))
+        self._find_kinks()
+        self.forward_tol = self._tol(self.spread_out, self.ref_out) + self._moved("out")
         out = _f64(self.out)
         score = _score(out, self.ref_out, self.forward_tol)
         low = self._low_precision()
-        if score > 1 and low is not None and not _systematic(out - self.ref_out, self.ref_out):
+        if score > 1 and low is not None and precision_change(out - self.ref_out, self.ref_out,
+                                                             self.forward_tol):
             # a forward computing in lower precision: judged at that precision's roundoff for
             # the forward part and the inputs it rounds, never for the backward part
             u_low = self.policy.u(low)
@@ -260,6 +265,12 @@ class LayerCheck:
         self.forward_score = score
         self.forward_ok = score <= 1
 
+    def _fallback_slack(self):
+        """The normwise fallback's tolerance in units of u x the largest element: what every
+        element may err by without a rounding model (the sensitivity lost)."""
+        k = 1 + int(self.ref_out.size) + max([int(x.size) for x in self.floats] or [1])
+        return FALLBACK_SAFETY * math.sqrt(k)
+
     def _low_precision(self):
         """The lower precision a kernel of this dtype may be recognised in, or None."""
         low = np.dtype(self.policy.LOW_PRECISION)
@@ -270,9 +281,8 @@ class LayerCheck:
     def _tol(self, spread, reference, u_forward=None, u_inputs=None):
         """tol_i of one tensor from its spread; a normwise fallback without a rounding model."""
         if spread is None:
-            k = 1 + int(self.ref_out.size) + max([int(x.size) for x in self.floats] or [1])
             scale = float(np.max(np.abs(reference))) if reference.size else 0.0
-            return np.full(np.shape(reference), FALLBACK_SAFETY * math.sqrt(k) * self.u * scale
+            return np.full(np.shape(reference), self._fallback_slack() * self.u * scale
                            + float(tolerances.finfo(self.dtype).tiny))
         u_forward = u_forward or self.u_forward
         # a composition's layers return, and its steps between layers run, in the checked
@@ -296,11 +306,12 @@ class LayerCheck:
             g_auto = self.auto_in[key] if isinstance(key, int) else self.auto_params[key]
             spread = self._spread_of(key)
             hand = self.dinputs[key] if isinstance(key, int) else self.dparams.get(key)
-            judge = Judge(tname, key, x, g_auto, self._tol(spread, g_auto), self.dtype,
-                          self.fd, self.rng, self.policy)
+            judge = Judge(tname, key, x, g_auto, self._tol(spread, g_auto) + self._moved(key),
+                          self.dtype, self.fd, self.rng, self.policy, self._caveats)
             self.judges[tname] = judge
             self.results.append(judge.judge(hand))
         self._recognise_low_precision_backward()
+        self._bug_shaped_under_a_finding()
         for key in sorted(set(self.dparams) - set(self.params)):
             self.results.append(TensorResult(key, (), verdict=Verdict(
                 Kind.EXTRA_GRADIENT, f"'{key}' is not a parameter")))
@@ -309,27 +320,39 @@ class LayerCheck:
                 self.results.append(TensorResult(name_i, (), verdict=Verdict(
                     Kind.EXTRA_GRADIENT, "an integer input; expected None")))
 
+    def _caveats(self):
+        """Why the oracle's autodiff may differ from the derivative of its forward (computed
+        on first use, once): its forward disagrees with the kernel's, or its program holds a
+        custom derivative rule, stop_gradient, an integer or non-differentiable operation."""
+        if not hasattr(self, "_caveat_list"):
+            found = self.ref.caveats()
+            if not self.forward_ok:
+                found = ["a forward that disagrees with the kernel's"] + found
+            self._caveat_list = found
+        return self._caveat_list
+
     def _recognise_low_precision_backward(self):
         """The whole backward rounding to a lower precision: every gradient off by more than
-        this dtype's rounding model allows (with exact inputs), none off systematically (a
-        scaled copy of its gradient is a bug, not rounding), all within the lower precision's
-        tolerances: a finding, and judged there.  A single wrong tensor beside exact ones is a
-        bug, whatever its size."""
+        this dtype's rounding model allows (with exact inputs) with the signature of a precision
+        change (``checks.signature``: most elements off, no pattern, the values the lower
+        precision's numbers), all within the lower precision's tolerances: a finding, and judged
+        there.  A single wrong tensor beside exact ones is a bug, whatever its size."""
         low = self._low_precision()
         judges = list(self.judges.values())
         if low is None or not judges or any(j.last_hand is None for j in judges) \
                 or all(r.ok for r in self.results[:len(judges)]):
             return
         spreads = {j.name: self._spread_of(j.key) for j in judges}
-        exact_inputs = [self._tol(spreads[j.name], j.g_auto, u_inputs=0.0) for j in judges]
-        if any(_score(j.last_hand, j.g_auto, t) <= 1 for j, t in zip(judges, exact_inputs)) \
-                or any(_systematic(j.last_hand - j.g_auto, j.g_auto, shifts=False)
-                       for j in judges if j.g_auto.size >= 8):
+        exact_inputs = [self._tol(spreads[j.name], j.g_auto, u_inputs=0.0) + self._moved(j.key)
+                        for j in judges]
+        if not all(precision_change(j.last_hand - j.g_auto, j.g_auto, t, shifts=False)
+                   and in_format(j.last_hand, low) for j, t in zip(judges, exact_inputs)):
             return
         u_low, u_dtype = self.policy.u(low), self.u_backward
         self.u_backward = u_low
         u_in = max(self.u_inputs, u_low[0])
-        tols = [self._tol(spreads[j.name], j.g_auto, u_inputs=u_in) for j in judges]
+        tols = [self._tol(spreads[j.name], j.g_auto, u_inputs=u_in) + self._moved(j.key)
+                for j in judges]
         if any(_score(j.last_hand, j.g_auto, t) > 1 for j, t in zip(judges, tols)):
             self.u_backward = u_dtype
             return
@@ -340,6 +363,29 @@ class LayerCheck:
             j.tol = t
             self.results[i] = j.judge(self.dinputs[j.key] if isinstance(j.key, int)
                                       else self.dparams.get(j.key))
+
+    def _bug_shaped_under_a_finding(self):
+        """A finding relaxes the tolerances of the precision it names, never a bug: a gradient
+        that passes only under the finding's tolerances, while its error against the checked
+        dtype's own is no precision change (a scaled copy, an offset, a few elements), fails."""
+        relaxed = not (self.u_forward == self.u_backward == self.policy.u(self.dtype)
+                       and self.u_inputs == self.u_forward[0])
+        if not relaxed or self.spread_out is None:
+            return
+        u = self.policy.u(self.dtype)
+        for i, j in enumerate(list(self.judges.values())):
+            r = self.results[i]
+            if not r.ok or j.last_hand is None:
+                continue
+            own = self.policy.elementwise(self._spread_of(j.key).at(u, u, u[0], format=self.u),
+                                          j.g_auto, self.dtype) + self._moved(j.key)
+            e = j.last_hand - j.g_auto
+            if _score(j.last_hand, j.g_auto, own) > 1 and not precision_change(e, j.g_auto, own):
+                r.verdict = Verdict(Kind.HAND_WRONG, "its error against the checked dtype's "
+                                    "rounding is a bug's pattern (a scaled copy, an offset or a "
+                                    "few elements), which no precision finding excuses")
+                r.ok = False
+                r.score = max(r.score, _score(j.last_hand, j.g_auto, own))
 
     def _fit_tol(self, result):
         """The scalar tolerance a bug pattern is fitted within: the tensor's own, or, where the
@@ -352,6 +398,44 @@ class LayerCheck:
         scale = float(np.max(np.abs(judge.g_auto))) if judge.g_auto.size else 0.0
         low = self.u_forward[0] / tolerances.unit_roundoff(self.dtype)
         return max(result.tol, low * float(np.max(tol)) / scale if scale else math.inf)
+
+    def _find_kinks(self):
+        """Elements within rounding of a kink: where a comparison in the oracle's program
+        (leaky ReLU's x > 0, a max) flips under the rounding model's noise at this check's
+        roundoffs, a correct kernel may take either branch.  Each output and gradient element is
+        judged with that branch's difference added to its tolerance (``checks.rounding``
+        ``RoundingModel.kinks``), and a finding says how many elements of which tensors sit
+        there; every other element is judged as before."""
+        self.kink_moved = {}
+        if self.spread_out is None:
+            return
+        fe, fs = self.u_forward
+        be, bs = self.u_backward
+        us = (fe, fs, be, bs, self.u_inputs, max(self.u, fe))
+        try:
+            found = self.ref.kinks(self.dout64, us, self.seed)
+        except Exception:  # a program the flip run cannot follow: judged without it
+            found = None
+        if not found or not found[3]:
+            return
+        out, d_in, d_params, _ = found
+        self.kink_moved = {"out": out, **d_in, **d_params}
+        counts = []
+        for key, moved in self.kink_moved.items():
+            ref = self.ref_out if key == "out" else (
+                self.auto_in[key] if isinstance(key, int) else self.auto_params[key])
+            spread = self.spread_out if key == "out" else self._spread_of(key)
+            n = int(np.sum(moved > self._tol(spread, ref)))
+            if n:
+                name = "the output" if key == "out" else (
+                    self.names[key] if isinstance(key, int) else key)
+                counts.append(f"{n} of {name}")
+        if counts:
+            self.notes.append(Note(Finding.KINKS, (("where", ", ".join(counts)),)))
+
+    def _moved(self, key):
+        """How far an element of a tensor moves with its kinks' branches flipped (0 if none)."""
+        return self.kink_moved.get(key, 0.0)
 
     def _spread_of(self, key):
         if self.spread_out is None:
@@ -452,25 +536,6 @@ class LayerCheck:
                                                   else self.results), notes=self.notes)
 
 
-def _systematic(e, ref, shifts=True):
-    """Is the error e a bug's pattern rather than rounding?  Rounding errors are independent
-    from element to element; a scaled copy of the reference (c ref) or, with shifts, a constant
-    offset along the last axis (a bias) that explains 90 % of |e|^2 is systematic.  Too few
-    elements to tell count as systematic (nothing is excused on no evidence)."""
-    if e.size < 8:
-        return True
-    columns = [ref.reshape(-1)]
-    n = ref.shape[-1] if ref.ndim else 1
-    if shifts and ref.ndim >= 2 and ref.size >= 4 * n:
-        columns += list(np.broadcast_to(np.eye(n), ref.shape + (n,)).reshape(-1, n).T)
-    A, e = np.stack(columns, axis=1), e.reshape(-1)
-    ee = float(e @ e)
-    if ee == 0.0:
-        return False
-    r = e - A @ np.linalg.lstsq(A, e, rcond=None)[0]
-    return float(r @ r) <= 0.1 * ee
-
-
 def _score(a, ref, tol):
     """max_i |a_i - ref_i| / tol_i: at most 1 passes."""
     if a.size == 0:
@@ -483,9 +548,10 @@ def _score(a, ref, tol):
 class Judge:
     """The trusted legs of one tensor, ready to rule on any hand gradient of it."""
 
-    def __init__(self, name, key, x, g_auto, tol, dtype, fd, rng, policy):
+    def __init__(self, name, key, x, g_auto, tol, dtype, fd, rng, policy, caveats=list):
         self.name, self.key, self.x, self.g_auto, self.tol = name, key, x, g_auto, tol
         self.dtype, self.fd, self.policy = dtype, fd, policy
+        self.caveats = caveats  # () -> why the oracle's autodiff may differ from its forward
         self.measured: Measured | None = None
         self.fd_tols: FdTolerances | None = None
         self.rng = rng
@@ -530,9 +596,10 @@ class Judge:
             return result
         result.hand_vs_autodiff = normwise(h, g)
         result.score = _score(h, g, self.tol)
+        with np.errstate(over="ignore"):  # a huge error over a subnormal tolerance: inf
+            ratio = np.abs(h - g) / self.tol
         if h.size:
             result.max_abs = float(np.max(np.abs(h - g)))
-            ratio = np.abs(h - g) / self.tol
             result.worst = tuple(int(i) for i in np.unravel_index(int(ratio.argmax()), g.shape))
         try:
             m = self._measure()
@@ -552,9 +619,15 @@ class Judge:
             if self._kinked is None:
                 self._kinked = self.fd.kinked(self.key, self.x, m, g, tol_fd)
             kink = self._kinked
-        result.verdict = _verdict(hand_auto_ok, hand_fd_ok, auto_fd_ok, kink,
-                                  self.fd.on_oracle or self.fd.skipped)
-        if result.verdict.kind is Kind.FD_SET_ASIDE:
+        if hand_auto_ok or self.fd.on_oracle or self.fd.skipped:
+            result.verdict = _verdict(hand_auto_ok, hand_fd_ok, auto_fd_ok, kink,
+                                      self.fd.on_oracle or self.fd.skipped)
+        else:  # blame from the evidence at the disagreeing elements (checks.evidence)
+            rng = np.random.default_rng([int(ratio.argmax()), int(ratio.size)])
+            elements = examine(self.fd, self.key, self.x, h, g, self.tol,
+                               self.fd_tols.element_scale, pick(ratio, rng))
+            result.verdict = blame(elements, self.caveats(), auto_fd_ok, kink)
+        if result.verdict.kind in (Kind.FD_SET_ASIDE, Kind.FD_BORDERLINE):
             result.note = str(result.verdict)
         result.ok = result.verdict.ok
         return result

@@ -127,32 +127,61 @@ class Oracle:
                 self._fns.pop(0)
         return tuple(np.shape(self._run(2, self._diff_values(), self.params, None)))
 
+    def caveats(self):
+        """Why this oracle's autodiff may differ from its forward's derivative
+        (``checks.evidence.autodiff_caveats``); [] when its program cannot be read."""
+        from checks.evidence import autodiff_caveats
+        if not self.traceable:
+            return []
+        try:
+            closed = jax.make_jaxpr(self._fns[-1][2])(self._diff_values(), self.others,
+                                                      self.params, self.arrays, None)
+        except Exception:
+            return []
+        return autodiff_caveats(closed.jaxpr)
+
     def vjp(self, dout):
         """(out, {input index: gradient}, {param: gradient}) for the upstream gradient dout."""
         out, (d_in, d_params) = self._run(0, self._diff_values(), self.params, jnp.asarray(dout))
         return (np.asarray(out), {i: np.asarray(g) for i, g in zip(self.diff_idx, d_in)},
                 {k: np.asarray(v) for k, v in d_params.items()})
 
-    def spread(self, dout, seed=0):
-        """The rounding model's spreads: (output Spread, {index: Spread}, {param: Spread}).
-        Raises Unsupported when the oracle cannot be traced."""
+    def _model(self, dout):
+        """(the rounding model of this oracle at these shapes, cached; its arguments)."""
         if not self.traceable:
             raise Unsupported("the oracle runs eagerly only (NumPy calls on its arguments)")
         args = (self._diff_values(), self.others, self.params, self.arrays, jnp.asarray(dout))
         shapes = tuple((tuple(np.shape(x)), str(np.asarray(x).dtype))
                        for x in jax.tree_util.tree_leaves(args))
         key = (self.oracle, self.diff_idx, self.static_items, shapes)
+        model = _ROUNDING_MODELS.get(key)
+        if model is None:
+            program = _program(_caller(self.oracle, self.diff_idx, dict(self.static_items)))
+            model = _ROUNDING_MODELS[key] = RoundingModel(program, args, dout_index=4)
+        return model, args
+
+    def spread(self, dout, seed=0):
+        """The rounding model's spreads: (output Spread, {index: Spread}, {param: Spread}).
+        Raises Unsupported when the oracle cannot be traced."""
         try:
-            model = _ROUNDING_MODELS.get(key)
-            if model is None:
-                program = _program(_caller(self.oracle, self.diff_idx, dict(self.static_items)))
-                model = _ROUNDING_MODELS[key] = RoundingModel(program, args, dout_index=4)
+            model, args = self._model(dout)
             out, (d_in, d_params) = model.spread(args, seed)
         except Unsupported:
             raise
         except Exception as exc:  # a trace the model cannot follow
             raise Unsupported(f"{type(exc).__name__}: {exc}") from exc
         return out, dict(zip(self.diff_idx, d_in)), dict(d_params)
+
+    def kinks(self, dout, us, seed=0):
+        """How far each output and gradient element moves with the branches of the oracle's
+        comparisons flipped where rounding at the roundoffs us flips them (``RoundingModel.
+        kinks``): (output, {index: moved}, {param: moved}, predicates flipped), or None."""
+        model, args = self._model(dout)
+        found = model.kinks(args, us, seed)
+        if found is None:
+            return None
+        (out, (d_in, d_params)), n = found
+        return out, dict(zip(self.diff_idx, d_in)), dict(d_params), n
 
     def loss(self, key, replacement, dout):
         """<oracle(...), dout> with one tensor replaced (complex values allowed)."""

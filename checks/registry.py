@@ -1,8 +1,10 @@
 """One row per layer: the suite, the table and the calibration all enrol every row.
 
 A row pairs a kernel's forward/backward with its oracle and says how to make inputs:
-``make(rng, dtype, sizes) -> (inputs, params)`` or ``(inputs, params, static)``, drawn from the
-row's input domain (clear of kinks such as leaky ReLU at 0).  Integer inputs (ids, targets) are
+``make(rng, dtype, sizes) -> (inputs, params)`` or ``(inputs, params, static)``: plain random
+draws and the lab's initialisation, as a user's are.  Nothing is placed away from a kink (leaky
+ReLU at 0): the checker finds the elements that sit within rounding of one (``checks.rounding``,
+``RoundingModel.kinks``) and judges either branch right there.  Integer inputs (ids, targets) are
 never differentiated; ``nondiff`` names further inputs that are not.  ``axes`` names the axes of
 each tensor so a failure can say where it is.  ``analytic`` rows (no kink, no comparison on the
 data) can also be checked with the complex step.
@@ -17,7 +19,6 @@ import numpy as np
 import kernels
 import reference
 from kernels import model as whole_model
-from kernels.precision import is_half
 
 # Small enough that every tensor also gets an element-wise finite-difference check, with S != T
 # and V != D so that transposed or swapped gradients cannot pass by accident.
@@ -66,12 +67,6 @@ def normal(rng, shape, dtype, scale=1.0):
     return (scale * rng.standard_normal(shape)).astype(dtype)
 
 
-def away_from_zero(rng, shape, dtype, margin=0.1):
-    """Normal values pushed at least margin away from 0 (leaky ReLU's kink)."""
-    x = rng.standard_normal(shape)
-    return (np.sign(x) * (margin + np.abs(x))).astype(dtype)
-
-
 def ids(rng, shape, V):
     return rng.integers(0, V, size=shape)
 
@@ -83,40 +78,14 @@ def attention_params(rng, dtype, s):
             "WO": w((s["D"], s["D"]))}
 
 
-def ff_params(rng, dtype, s, x):
-    """Weights whose hidden pre-activations x W1 + b1 stay clear of leaky ReLU's kink.
-
-    Redrawn up to 100 times.  At large sizes (thousands of pre-activations per hidden unit) some
-    value always lies near 0, where a float32 kernel and the float64 oracle may take different
-    branches; there each b1_j is placed instead in the middle of the widest gap between the
-    central half of that unit's values, so both branches are used and no value is near 0.
-    """
-    x64 = x.astype(np.float64).reshape(-1, x.shape[-1])                       # (N, D)
-    for _ in range(100):
-        p = {"W1": normal(rng, (s["D"], s["F"]), dtype, 1 / np.sqrt(s["D"])),
-             "b1": normal(rng, (s["F"],), dtype, 0.1),
-             "W2": normal(rng, (s["F"], s["D"]), dtype, 1 / np.sqrt(s["F"])),
-             "b2": normal(rng, (s["D"],), dtype, 0.1)}
-        if np.min(np.abs(x64 @ p["W1"] + p["b1"])) > 1e-3:
-            return p
-    return {**p, "b1": central_gap_bias(x64 @ p["W1"].astype(np.float64)).astype(dtype)}
-
-
-def central_gap_bias(z):
-    """Per hidden unit (column of z, the pre-activations without their bias, (N, F)), the bias
-    that puts 0 in the middle of the widest gap between the central half of its values: both
-    branches of the kink are used and no value lies near it.  Below 16 values a gap between two
-    of them may be arbitrarily narrow, so 0 may also go 1/2 beyond the smallest or the largest
-    value (every value then on one branch): the margin is at least 1/2."""
-    z = np.sort(z, axis=0)                                                    # (N, F)
-    n = z.shape[0]
-    if n >= 16:
-        centre = z[n // 4: n - n // 4]                                        # (~N/2, F)
-    else:
-        centre = np.concatenate([z[:1] - 1.0, z, z[-1:] + 1.0])              # (N + 2, F)
-    widest = np.argmax(np.diff(centre, axis=0), axis=0)                       # (F,)
-    cols = np.arange(z.shape[1])
-    return -0.5 * (centre[widest, cols] + centre[widest + 1, cols])           # (F,)
+def ff_params(rng, dtype, s, x=None):
+    """Feed-forward weights of scale 1/sqrt(fan-in) and biases of scale 0.1, drawn once: no
+    pre-activation is kept away from leaky ReLU's kink (x, the layer's input, is unused: kept
+    for callers that pass it)."""
+    return {"W1": normal(rng, (s["D"], s["F"]), dtype, 1 / np.sqrt(s["D"])),
+            "b1": normal(rng, (s["F"],), dtype, 0.1),
+            "W2": normal(rng, (s["F"], s["D"]), dtype, 1 / np.sqrt(s["F"])),
+            "b2": normal(rng, (s["D"],), dtype, 0.1)}
 
 
 BTD = ("batch", "token", "feature")
@@ -150,45 +119,17 @@ MODEL_SIZES = {"D": 6, "H": 2, "F": 8, "V": 4}
 def _model_case(rng, dtype, s):
     """The whole model, two blocks per side at sizes that keep every tensor's
     element-wise finite differences quick: D = 6, H = 2 (P = 3), F = 8, V = 4 (digits 0 and 1,
-    Start, Finish), so V != D != F; B and T as given.  Weights of scale 1/sqrt(fan-in) and random biases, so attention
-    is far from uniform; redrawn (at most 100 times, as in ff_params) until every feed-forward
-    pre-activation clears leaky ReLU's kink.  The fixed table stays float64 (the model casts it to the parameters'
-    dtype), so both dtypes' checks share one compiled oracle."""
+    Start, Finish), so V != D != F; B and T as given.  The lab's initialisation: weights of
+    scale 1/sqrt(fan-in) and random biases (attention far from uniform), drawn once, nothing
+    placed away from leaky ReLU's kink.  The fixed table stays float64 (the model casts it to
+    the parameters' dtype), so both dtypes' checks share one compiled oracle."""
     s = {**s, **MODEL_SIZES}  # fixed; B and T come from the sizes given
     config = whole_model.ModelConfig(D=s["D"], H=s["H"], F=s["F"], V=s["V"], blocks=2)
     table = whole_model.embedding_table(config, np.float64)
     src, tgt = ids(rng, (s["B"], s["T"]), s["V"]), ids(rng, (s["B"], s["T"]), s["V"] - 2)
-    for _ in range(100):
-        params = whole_model.init_params(config, seed=int(rng.integers(2 ** 32)), dtype=dtype,
-                                         std=1 / np.sqrt(s["D"]), bias_std=0.1)
-        _, cache = whole_model.model_forward(src, tgt, params, embedding=table)
-        ffs = [(f"enc{i}", b.ff) for i, b in enumerate(cache.encoder.blocks)]
-        ffs += [(f"dec{i}", b.ff) for i, b in enumerate(cache.decoder.blocks)]
-        margin = min(np.min(np.abs(c.layer.first.x.astype(np.float64) @ c.layer.first.W
-                                   + params[f"{name}.ff.b1"])) for name, c in ffs)
-        if margin > 1e-3:
-            break
-    if is_half(dtype):
-        params = _clear_of_kinks(src, tgt, params, table, [name for name, _ in ffs])
+    params = whole_model.init_params(config, seed=int(rng.integers(2 ** 32)), dtype=dtype,
+                                     std=1 / np.sqrt(s["D"]), bias_std=0.1)
     return [src, tgt], params, {"embedding": table}
-
-
-def _clear_of_kinks(src, tgt, params, table, blocks):
-    """Half precision: the rounding at every layer boundary moves a pre-activation by about
-    u |z| (bfloat16: 4e-3 per rounding), so a margin of 1e-3 lets the kernel and the float64
-    oracle take different branches of leaky ReLU.  Each feed-forward's b1 is placed instead by
-    ``central_gap_bias`` (the widest gap of its unit's pre-activations; margins of 0.1 to 0.5),
-    block by block in the forward's order: each placement moves the blocks after it, so every
-    block's pre-activations come from a fresh float64 forward."""
-    params = dict(params)
-    for name in blocks:
-        p64 = {k: v.astype(np.float64) for k, v in params.items()}
-        _, cache = whole_model.model_forward(src, tgt, p64, embedding=table)
-        blocks_64 = list(cache.encoder.blocks) + list(cache.decoder.blocks)
-        first = blocks_64[blocks.index(name)].ff.layer.first                    # the W1 linear
-        z = first.x.reshape(-1, first.W.shape[0]) @ first.W                     # (N, F)
-        params[f"{name}.ff.b1"] = central_gap_bias(z).astype(params[f"{name}.ff.b1"].dtype)
-    return params
 
 
 ROWS = [
@@ -205,7 +146,7 @@ ROWS = [
         axes={"x": ("batch", "token", "class")}, analytic=True),
     Row("leaky_relu", kernels.leaky_relu_forward, kernels.leaky_relu_backward,
         reference.leaky_relu,
-        lambda rng, dt, s: ([away_from_zero(rng, (s["B"], s["T"], s["F"]), dt)], {}),
+        lambda rng, dt, s: ([normal(rng, (s["B"], s["T"], s["F"]), dt)], {}),
         axes={"x": ("batch", "token", "hidden")}),
     Row("linear", kernels.linear_forward, kernels.linear_backward, reference.linear,
         lambda rng, dt, s: ([_x(rng, dt, s)],

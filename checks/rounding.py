@@ -39,8 +39,15 @@ float32, or whose forward runs in a lower precision than its backward, is modell
 (``Spread.at``).
 
 Each part's samples run under ``jax.vmap`` in one program, compiled once per oracle and shape
-and called once per part (memory holds one part's runs); each operation's noise amplitude comes
-from one exact run (``RoundingModel``).
+and called once per part and chunk of samples: the chunk is sized from the memory the machine
+has (a quarter of what is available, at most MEMORY_CAP), so a large model runs its 16 samples
+in a few passes instead of failing; each operation's noise amplitude comes from one exact run
+(``RoundingModel``).
+
+Kinks: every comparison of the program (``PREDICATES``, max and min) is recorded in runs
+perturbed at the check's own roundoffs (``RoundingModel.kinks``); where one flips, a correct
+kernel may take either branch, and the exact program rerun with it flipped says how far each
+output moves.  Non-finite results (an oracle's -inf mask) are exact; ``lax.scan`` is unrolled.
 """
 from __future__ import annotations
 
@@ -56,6 +63,8 @@ from reference.layers import BOUNDARY
 
 U_SIM = 2.0 ** -30   # the simulation's roundoff; spreads are scaled by u / U_SIM
 SAMPLES = 16         # perturbed runs per part of the program (checks.tolerances: LAMBDA)
+MEMORY_CAP = 2 ** 31             # bytes one chunk of the samples may take at most
+BYTES_PER_SAMPLE_ELEMENT = 24    # float32 noise, its float64 perturbation, the perturbed value
 PARTS = ("forward", "forward_sums", "backward", "backward_sums", "inputs", "format")
 
 EXACT = {"neg", "abs", "sign", "max", "min", "select_n", "reshape", "transpose",
@@ -67,12 +76,19 @@ EXACT = {"neg", "abs", "sign", "max", "min", "select_n", "reshape", "transpose",
          "device_put", "split", "tile"}
 SUMS = {"dot_general", "reduce_sum", "cumsum", "scatter-add", "scatter_add"}
 FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
+# comparisons: a kink where the branch taken changes (checks.engine judges either branch there)
+PREDICATES = {"gt", "ge", "lt", "le", "eq", "ne"}
+BRANCHES = PREDICATES | {"max", "min"}
+ONE_BY_ONE_MAX = 512   # flips moved one at a time (their sum bounds any subset), beyond: subsets
+ONE_BY_ONE_BATCH = 16  # flips per compiled batch
+KINK_SIGMAS = 16.0   # noise of the kink runs, in rounding errors: the LAMBDA band (the largest
+#                      of 16 normal draws is about 2: margins up to about 32 spreads flip)
 CALLS = {"jit", "pjit", "closed_call", "core_call", "remat", "checkpoint", "custom_jvp_call",
          "custom_vjp_call", "custom_vjp_call_jaxpr"}
 
 
 class Unsupported(Exception):
-    """The program uses a construct the model does not perturb (control flow)."""
+    """The program uses a construct the model does not perturb (while, cond)."""
 
 
 class Spread(NamedTuple):
@@ -122,40 +138,153 @@ class RoundingModel:
         self.samples = samples
         self.record = []  # (shape, part) of every perturbation, in program order
         self.layered = _has_layers(self.closed.jaxpr)
-        jax.eval_shape(lambda f: self._eval(f, _Noise("record", self.record)), flat)
+        counter = _Noise("record", self.record)
+        jax.eval_shape(lambda f: self._eval(f, counter), flat)
+        self.has_branches = counter.branches > 0
         self._run = jax.jit(self._spreads, compiler_options=FAST_COMPILE)
+        self._flips_run = jax.jit(self._flips, compiler_options=FAST_COMPILE)
+        self._moves_run = jax.jit(self._moves, compiler_options=FAST_COMPILE)
+        self._one_by_one_run = jax.jit(self._one_by_one, compiler_options=FAST_COMPILE)
+        self.elements = sum(math.prod(shape) for shape, _ in self.record)
 
     def _eval(self, flat, noise):
         return _eval(self.closed.jaxpr, self.closed.consts, flat, self.backward_in, noise,
                      where="between" if self.layered else "inside")
 
     def _spreads(self, flat, noises, part):
-        """Root-mean-square deviation of every output under the noise of one part only."""
+        """Squared deviations of every output under the noise of one part only, summed over
+        the samples of ``noises`` (one chunk of them)."""
         amplitudes = []
         exact = self._eval(flat, _Noise("amplitude", amplitudes))
         z = [jnp.where(p == part, U_SIM * xi, 0.0)                      # (N, ...) each
              for xi, (_, p) in zip(noises, self.record)]
         perturbed = jax.vmap(lambda f, z: self._eval(f, _Noise("perturb", amplitudes, z)),
                              in_axes=(None, 0))(flat, z)
-        return [jnp.sqrt(jnp.mean((p - e) ** 2, axis=0)) for p, e in zip(perturbed, exact)]
+        # a non-finite result the perturbations leave unchanged (a -inf mask) deviates by 0
+        return [jnp.sum(jnp.where(p == e, 0.0, p - e) ** 2, axis=0)     # summed over N
+                for p, e in zip(perturbed, exact)]
+
+    def _flips(self, flat, noises):
+        """Per predicate of the program, where it flips in some perturbed run of the chunk."""
+        amplitudes, exact_preds = [], []
+        self._eval(flat, _Noise("amplitude", amplitudes, preds=exact_preds))
+
+        def predicates(f, z):
+            preds = []
+            self._eval(f, _Noise("perturb", amplitudes, z, preds=preds))
+            return preds
+        perturbed = jax.vmap(predicates, in_axes=(None, 0))(flat, noises)
+        return [jnp.any(p != e, axis=0) for p, e in zip(perturbed, exact_preds)]
+
+    def _moves(self, flat, flips):
+        """Per output, how far it moves with the flipping predicates flipped in the exact run:
+        all of them, a random half and the other half (flipping all at once can cancel in a sum
+        what a subset leaves), the largest move of the three; and how many flip."""
+        exact = self._eval(flat, _Noise("exact", None))
+        halves = [jax.random.bernoulli(jax.random.fold_in(jax.random.PRNGKey(0), k), 0.5,
+                                       jnp.shape(f)) for k, f in enumerate(flips)]
+        moved = [jnp.zeros(jnp.shape(e)) for e in exact]
+        for subset in (flips, [f & h for f, h in zip(flips, halves)],
+                       [f & ~h for f, h in zip(flips, halves)]):
+            flipped = self._eval(flat, _Noise("exact", None, flips=subset))
+            moved = [jnp.maximum(m, jnp.where(f == e, 0.0, jnp.abs(f - e)))
+                     for m, f, e in zip(moved, flipped, exact)]
+        return moved, sum(jnp.sum(f) for f in flips)
+
+    def _one_by_one(self, flat, masks):
+        """Per output, sum_k |how far it moves with predicate element k alone flipped| over a
+        batch of one-hot masks (K, ...) per predicate."""
+        exact = self._eval(flat, _Noise("exact", None))
+        flipped = jax.vmap(lambda m: self._eval(flat, _Noise("exact", None, flips=m)))(masks)
+        return [jnp.sum(jnp.where(f == e, 0.0, jnp.abs(f - e)), axis=0)
+                for f, e in zip(flipped, exact)]
+
+    def _each_flip(self, flat, flips):
+        """sum_k |move of flip k alone| per output: to first order a bound on the move of any
+        subset of the flips a kernel may take (None beyond ONE_BY_ONE_MAX flips)."""
+        where = [(p, i) for p, f in enumerate(flips) for i in np.flatnonzero(f)]
+        if not where or len(where) > ONE_BY_ONE_MAX:
+            return None
+        total = None
+        for start in range(0, len(where), ONE_BY_ONE_BATCH):
+            batch = where[start:start + ONE_BY_ONE_BATCH]
+            batch += [batch[0]] * (ONE_BY_ONE_BATCH - len(batch))  # one compiled batch size
+            masks = [np.zeros((ONE_BY_ONE_BATCH, f.size), bool) for f in flips]
+            for k, (p, i) in enumerate(batch):
+                masks[p][k, i] = True
+            masks = [m.reshape((ONE_BY_ONE_BATCH,) + f.shape) for m, f in zip(masks, flips)]
+            sums = [np.asarray(s, np.float64) for s in self._one_by_one_run(flat, masks)]
+            total = sums if total is None else [a + b for a, b in zip(total, sums)]
+        return total
+
+    def kinks(self, args, us, seed=0):
+        """(a pytree like the program's output of how far each element moves with its kinks'
+        branches flipped, the number of predicate elements that flip), with noise at the
+        roundoffs us (one per part, ``PARTS``) times KINK_SIGMAS; None without comparisons."""
+        if not self.has_branches:
+            return None
+        flat, _ = jax.tree_util.tree_flatten(args)
+        rng = np.random.default_rng([seed, 0x4B1])
+        flips = None
+        for n in _chunks(self.samples, self.elements):
+            noises = [(KINK_SIGMAS * us[p] * rng.standard_normal((n,) + shape)
+                       ).astype(np.float32) for shape, p in self.record]
+            found = [np.asarray(f) for f in self._flips_run(flat, noises)]
+            flips = found if flips is None else [a | b for a, b in zip(flips, found)]
+        moved, n = self._moves_run(flat, flips)
+        moved = [np.asarray(m, np.float64) for m in moved]
+        each = self._each_flip(flat, flips)
+        if each is not None:  # (a padded batch counts its first flip again: a bound still)
+            moved = [np.maximum(m, e) for m, e in zip(moved, each)]
+        return (jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(self.shapes), moved),
+                int(n))
 
     def spread(self, args, seed=0):
         """A pytree like the program's output with one Spread per leaf."""
         flat, _ = jax.tree_util.tree_flatten(args)
         rng = np.random.default_rng([seed, 0x40D])
-        # each part's noise for its own samples only; float32 draws: the noise needs no precision
-        noises = [rng.standard_normal((self.samples,) + shape, np.float32)  # (N, ...) each
-                  for shape, _ in self.record]
-        # one compiled program, run once per part: memory holds one part's N runs (a part with
-        # no perturbation, such as the format of a single layer, spreads nothing)
-        used = {p for _, p in self.record}
+        # one compiled program, run once per part and chunk of samples: memory holds one
+        # chunk's runs (``_chunks``); a part with no perturbation, such as the format of a
+        # single layer, spreads nothing
+        used = sorted({p for _, p in self.record})
+        sums = {}
+        for n in _chunks(self.samples, self.elements):
+            # float32 draws: the noise needs no precision
+            noises = [rng.standard_normal((n,) + shape, np.float32)  # (n, ...) each
+                      for shape, _ in self.record]
+            for part in used:
+                sq = [np.asarray(a, np.float64) for a in self._run(flat, noises, part)]
+                sums[part] = sq if part not in sums else [a + b for a, b in zip(sums[part], sq)]
         zeros = [np.zeros(shape) for shape in
                  (s.shape for s in jax.tree_util.tree_leaves(self.shapes))]
-        per_part = [self._run(flat, noises, part) if part in used else zeros
+        per_part = [[np.sqrt(a / self.samples) for a in sums[part]] if part in sums else zeros
                     for part in range(len(PARTS))]
         spreads = [Spread(*(np.asarray(rms, np.float64) for rms in leaf))
                    for leaf in zip(*per_part)]
         return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(self.shapes), spreads)
+
+
+def _available_memory() -> int:
+    """Bytes the machine can still give (MemAvailable), or MEMORY_CAP when unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return MEMORY_CAP
+
+
+def _chunks(samples, elements):
+    """Sample counts that add up to ``samples``, each chunk within the memory budget: a
+    quarter of the memory available, at most MEMORY_CAP, at BYTES_PER_SAMPLE_ELEMENT per
+    sample and recorded element (its noise, its perturbation, the perturbed value)."""
+    budget = min(MEMORY_CAP, _available_memory() // 4)
+    n = samples
+    while n > 1 and n * elements * BYTES_PER_SAMPLE_ELEMENT > budget:
+        n //= 2
+    return [n] * (samples // n) + ([samples % n] if samples % n else [])
 
 
 class _Noise:
@@ -164,8 +293,9 @@ class _Noise:
     "record": notes (shape, part) and adds nothing; "amplitude": the exact run, which keeps each
     operation's amplitude and adds nothing; "perturb": adds amplitude x noise."""
 
-    def __init__(self, mode, store, noises=None):
+    def __init__(self, mode, store, noises=None, preds=None, flips=None):
         self.mode, self.store, self.noises, self.count = mode, store, noises, 0
+        self.preds, self.flips, self.branches = preds, flips, 0
 
     def __call__(self, shape, part, amplitude):
         """What to add to a result: ``amplitude()`` is its noise scale, evaluated exactly once."""
@@ -176,7 +306,24 @@ class _Noise:
         if self.mode == "amplitude":
             self.store.append(amplitude())
             return 0.0
+        if self.mode == "exact":
+            return 0.0
         return self.store[k] * self.noises[k]
+
+    def branch(self, name, ins, out):
+        """A comparison's (or max/min's) result: its predicate kept in ``preds``, flipped where
+        ``flips`` says (max then takes the smaller operand)."""
+        k, self.branches = self.branches, self.branches + 1
+        if self.preds is not None:
+            pred = out if name in PREDICATES else (ins[0] >= ins[1] if name == "max"
+                                                   else ins[0] <= ins[1])
+            self.preds.append(jnp.broadcast_to(pred, jnp.shape(out)))
+        if self.flips is None:
+            return out
+        if name in PREDICATES:
+            return jnp.where(self.flips[k], ~out, out)
+        other = jnp.minimum(*ins) if name == "max" else jnp.maximum(*ins)
+        return jnp.where(self.flips[k], other, out)
 
 
 def _is_float(x):
@@ -227,11 +374,11 @@ def _eval(jaxpr, consts, args, backward_flags, noise, top=True, where="inside", 
 
     for var, value in zip(jaxpr.constvars, consts):
         if _is_float(value) and jnp.ndim(value):  # a kernel holds its constants rounded
-            value = value + noise(jnp.shape(value), "forward", lambda v=value: jnp.abs(v))
+            value = value + noise(jnp.shape(value), "forward", lambda v=value: _finite(jnp.abs(v)))
         env[var], flag[var] = value, False
     for var, value, b in zip(jaxpr.invars, args, backward_flags):
         if top and not b and _is_float(value):  # the inputs' own rounding
-            value = value + noise(jnp.shape(value), "inputs", lambda v=value: jnp.abs(v))
+            value = value + noise(jnp.shape(value), "inputs", lambda v=value: _finite(jnp.abs(v)))
         env[var], flag[var] = value, b
     for i, eqn in enumerate(jaxpr.eqns):
         ins = [read(v) for v in eqn.invars]
@@ -247,13 +394,18 @@ def _eval(jaxpr, consts, args, backward_flags, noise, top=True, where="inside", 
                          out_read=[backward or v in forward_read for v in eqn.outvars])
             if layer:  # what the layer returns is rounded to the checked format; what it
                 # keeps for its backward (JAX's residuals) stays in its cache, unrounded
-                outs = [o + noise(jnp.shape(o), "format", lambda o=o: jnp.abs(o))
+                outs = [o + noise(jnp.shape(o), "format", lambda o=o: _finite(jnp.abs(o)))
                         if _is_float(o) and (backward or v in forward_read) else o
                         for o, v in zip(outs, eqn.outvars)]
-        elif name in ("while", "cond", "scan"):
+        elif name == "scan":  # a static trip count: unrolled, every step's roundings perturbed
+            flags = [False if isinstance(v, jcore.Literal) else flag[v] for v in eqn.invars]
+            outs = _scan(eqn, ins, flags, noise, where)
+        elif name in ("while", "cond"):
             raise Unsupported(f"control flow ('{name}') in the oracle")
         else:
             out = eqn.primitive.bind(*ins, **eqn.params)
+            if name in BRANCHES and all(_is_float(x) for x in ins):
+                out = noise.branch(name, ins, out)
             outs = out if eqn.primitive.multiple_results else [out]
             part = ("backward" if backward else "forward") if where == "inside" else "format"
             outs = [_round(name, eqn, ins, o, noise, part) for o in outs]
@@ -265,16 +417,39 @@ def _eval(jaxpr, consts, args, backward_flags, noise, top=True, where="inside", 
     return [read(v) for v in jaxpr.outvars]
 
 
+def _scan(eqn, ins, flags, noise, where):
+    """A scan's outputs (final carry, stacked ys) with its body evaluated step by step."""
+    p = eqn.params
+    body, nc, ncar = p["jaxpr"], p["num_consts"], p["num_carry"]
+    consts, carry, xs = list(ins[:nc]), list(ins[nc:nc + ncar]), list(ins[nc + ncar:])
+    steps = range(p["length"] - 1, -1, -1) if p["reverse"] else range(p["length"])
+    ys = []
+    for i in steps:
+        outs = _eval(body.jaxpr, body.consts, consts + carry + [x[i] for x in xs], flags,
+                     noise, top=False, where=where)
+        carry, y = outs[:ncar], outs[ncar:]
+        ys.append(y)
+    if p["reverse"]:
+        ys.reverse()
+    n_ys = len(body.jaxpr.outvars) - ncar
+    return carry + [jnp.stack([y[k] for y in ys]) for k in range(n_ys)]
+
+
 def _round(name, eqn, ins, out, noise, part):
     """out with the rounding perturbation of its operation (exact operations unchanged)."""
     if name in EXACT or not _is_float(out):
         return out
     exact = out
-    out = out + noise(jnp.shape(out), part, lambda: jnp.abs(exact))
+    out = out + noise(jnp.shape(out), part, lambda: _finite(jnp.abs(exact)))
     if name not in SUMS:
         return out
     sums = part if part == "format" else part + "_sums"
-    return out + noise(jnp.shape(out), sums, lambda: _sum_amplitude(name, eqn, ins))
+    return out + noise(jnp.shape(out), sums, lambda: _finite(_sum_amplitude(name, eqn, ins)))
+
+
+def _finite(amplitude):
+    """A non-finite result (an oracle's -inf mask) is exact: no rounding to perturb it by."""
+    return jnp.where(jnp.isfinite(amplitude), amplitude, 0.0)
 
 
 def _sum_amplitude(name, eqn, ins):

@@ -28,7 +28,9 @@ class Kind(enum.Enum):
     RAISED = "the kernel raised"
 
 
-PASSING = {Kind.OK, Kind.FD_SET_ASIDE}
+# hand and autodiff agree: finite differences near their tolerance (or set aside at a kink)
+# are a note on that leg, never a failure of the kernel
+PASSING = {Kind.OK, Kind.FD_SET_ASIDE, Kind.FD_BORDERLINE}
 # the suspect leg, when a verdict names one (the diagnosis explains that leg's error)
 BLAMES_ORACLE = {Kind.ORACLE_WRONG}
 
@@ -57,7 +59,11 @@ class Finding(enum.Enum):
     LOW_PRECISION_BACKWARD = ("the backward computes in lower precision than its {dtype} inputs "
                               "(every gradient's errors are {low}'s, none a scaled copy of its "
                               "gradient): judged at {low}'s roundoff")
-    NO_ROUNDING_MODEL = ("the oracle could not be traced for the rounding model ({why}): "
+    KINKS = ("elements within rounding of a kink ({where}): a comparison in the oracle (leaky "
+             "ReLU's x > 0, a max) flips under rounding there, so either branch is judged right")
+    NO_ROUNDING_MODEL = ("the oracle could not be traced for the rounding model ({why}): every "
+                         "element may err by {slack:.3g} x u x the tensor's largest element, "
+                         "errors below that go unseen; "
                          "normwise fallback tolerance")
     NO_FINITE_DIFFERENCES = "finite differences skipped (fd='none'): hand against autodiff only"
     COMPLEX_STEP_ON_ORACLE = ("the hand forward does not take complex inputs: the complex step "

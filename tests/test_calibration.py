@@ -86,3 +86,19 @@ def test_a_false_alarm_is_counted(dtype):
                       *BY_NAME["linear"].backward(dy, c)))
     margin = Margin("linear", dtype).add(bad, "seed 0")
     assert margin.false_alarms == 1 and margin.worst > 1 and "seed 0" in margin.first_alarm
+
+
+@pytest.mark.slow  # five checks, a recurrence and attention among them
+def test_a_slice_of_the_wild_calibration_judges_correct_kernels_ok_and_bugs_the_hands():
+    """`python -m checks calibrate --wild` in miniature: user-style cases at the registry's
+    sizes, a correct kernel and one planted bug each."""
+    from checks.calibrate_wild import Task, confusion, run_task, summary
+    tasks = [Task("ff", "float32", "registry", 0), Task("ff", "float32", "registry", 0,
+                                                        "negated", "W1"),
+             Task("mha -inf mask", "bfloat16", "registry", 1),
+             Task("rnn (lax.scan)", "float32", "registry", 2, "row x1.05", "U"),
+             Task("article's loss", "float64", "registry", 0)]
+    results = [run_task(t) for t in tasks]
+    assert [o for _, o in results] == ["ok", "hand", "ok", "hand", "noted"], results
+    assert "5 checks: 3 correct kernels, 0 false" in summary(results)
+    assert confusion(results).splitlines()[0].split()[:3] == ["case", "dtype", "correct"]

@@ -136,20 +136,12 @@ def test_a_small_error_in_a_half_precision_gradient_fails(fmt, factor):
     assert bad.failing == ["b"], str(bad)
 
 
-@pytest.mark.parametrize("seed,sizes", [(2, None), (10, {"B": 1}), (5, {"T": 1}), (2, {"H": 1}),
-                                        (5, {"S": 7, "T": 2}), (2, {"D": 4, "H": 4})])
-def test_the_models_half_precision_inputs_keep_every_leaky_relu_branch(seed, sizes):
-    """The bfloat16 cases that once raised false alarms (a rounding moved a pre-activation across
-    the kink): the kernel's bfloat16 forward and a float64 forward of the same numbers now take
-    the same branch at every hidden unit of every block."""
-    from checks.registry import BY_NAME
-    from kernels import model as whole_model
-    inputs, params, static = BY_NAME["model"].case(np.random.default_rng(seed),
-                                                   np.dtype("bfloat16"), sizes)
-    _, half = whole_model.model_forward(*inputs, params, **static)
-    _, exact = whole_model.model_forward(*inputs, {k: v.astype(np.float64)
-                                                   for k, v in params.items()}, **static)
-    positive = lambda cache: [np.asarray(b.ff.layer.act.gain, np.float64) > 0.5
-                              for b in list(cache.encoder.blocks) + list(cache.decoder.blocks)]
-    for a, b in zip(positive(half), positive(exact)):
-        assert np.array_equal(a, b)
+@pytest.mark.slow  # the whole model in bfloat16, about a minute a check
+@pytest.mark.parametrize("seed,sizes", [(2, None), (10, {"B": 1}), (5, {"T": 1})])
+def test_the_model_in_bfloat16_passes_with_no_input_placed_away_from_kinks(seed, sizes):
+    """bfloat16 cases that once raised false alarms (a rounding moved a pre-activation across
+    leaky ReLU's kink), with the lab's initialisation and no bias placement: the checker finds
+    the elements at a kink itself and judges either branch right there."""
+    from checks.registry import BY_NAME, run_row
+    report = run_row(BY_NAME["model"], np.dtype("bfloat16"), seed=seed, sizes=sizes)
+    assert report.ok, str(report)

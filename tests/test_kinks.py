@@ -1,0 +1,48 @@
+"""Kinks found by the checker, not avoided by the inputs: a pre-activation within rounding of
+leaky ReLU's kink is reported and judged as either branch; everything else is judged as before."""
+import numpy as np
+import pytest
+
+import kernels
+import reference
+from checks.engine import check_layer
+from checks.verdict import Finding, Kind
+from checks.wild import plain_ff, plant
+
+
+def _ff_at_kink(dtype, pre_activation, seed=0):
+    """A plain ff case with hidden unit 3 of token 5 at the given pre-activation."""
+    x, p = plain_ff(np.random.default_rng(seed), dtype, B=2, T=8, D=16, F=32)
+    z = x.astype(np.float64).reshape(-1, 16) @ p["W1"].astype(np.float64)
+    p["b1"][3] = -z[5, 3] + pre_activation
+    return x, p
+
+
+@pytest.mark.parametrize("dtype,pre", [(np.float32, 1e-7),
+                                       pytest.param(np.float32, -1e-7, marks=pytest.mark.slow),
+                                       pytest.param(np.float64, 1e-15, marks=pytest.mark.slow)])
+def test_a_pre_activation_within_rounding_of_the_kink_is_a_finding_not_a_fail(dtype, pre):
+    """Before: "oracle is wrong" on x and W1 for the float32 flip at 1e-7."""
+    x, p = _ff_at_kink(dtype, pre)
+    report = check_layer(kernels.ff_forward, kernels.ff_backward, reference.ff, [x], p,
+                         input_names=["x"])
+    assert report.ok, str(report)
+    kinks = [n for n in report.notes if n.finding is Finding.KINKS]
+    assert kinks and "of W1" in str(kinks[0]), str(report)
+
+
+def test_a_bug_beside_a_kink_still_fails():
+    x, p = _ff_at_kink(np.float32, 1e-7)
+    report = check_layer(kernels.ff_forward, plant(kernels.ff_backward, "W2", "x1.5", 0),
+                         reference.ff, [x], p, input_names=["x"])
+    assert report.failing == ["W2"], str(report)
+    assert report.tensors[3].verdict.kind is Kind.HAND_WRONG
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(3))
+def test_the_issues_plain_float32_ff_is_judged_correct(seed):
+    x, p = plain_ff(np.random.default_rng(seed), np.float32)
+    report = check_layer(kernels.ff_forward, kernels.ff_backward, reference.ff, [x], p,
+                         seed=seed, input_names=["x"])
+    assert report.ok, str(report)
