@@ -9,7 +9,7 @@ import pytest
 from checks.bisection import bisect_model
 from checks.registry import BY_NAME
 from checks.zoo import BUGS
-from kernels import activations, attention, feedforward, model as M
+from kernels import activations, attention, model as M
 
 ZOO = {bug.name: bug for bug in BUGS}
 pytestmark = pytest.mark.slow  # compiles a rounding model per stage of the whole model
@@ -53,6 +53,16 @@ def _residual_dropped(dout, cache):
 
 
 SOFTMAX = ZOO["softmax Jacobian missing its outer-product term"].backward
+def _with_activation_backward(leaky_backward):
+    """The feed-forward backward with its activation's backward replaced: the block applies the
+    activation's derivative inline as a gain (kernels.feedforward), so the planted backward's
+    gain is read off it (it is linear in dy) and put in the block's cache."""
+    def backward(dy, cache):
+        gain = leaky_backward(np.ones_like(cache.act.gain), cache.act)[0]
+        return M.ff_backward(dy, cache._replace(act=activations.LeakyReluCache(gain)))
+    return backward
+
+
 PLANTED = [  # (stage, its planted backward, a tensor that must fail, a phrase of its diagnosis)
     # the explaining check runs for those with a phrase (a diagnosis without a common bug shape
     # searches the oracle's paths: seconds each)
@@ -69,9 +79,8 @@ PLANTED = [  # (stage, its planted backward, a tensor that must fail, a phrase o
                                    M.mha_backward)), "WQ", ""),
     ("dec0.ff", patched(M, "rms_norm_backward", ZOO["RMS-norm missing its second term"].backward,
                         sublayer(M.ff_backward)), "x", ""),
-    ("enc1.ff", sublayer(patched(feedforward, "leaky_relu_backward",
-                                 ZOO["leaky-ReLU slope wrong in backward"].backward,
-                                 M.ff_backward)), "W1", ""),
+    ("enc1.ff", sublayer(_with_activation_backward(ZOO["leaky-ReLU slope wrong in backward"]
+                                                   .backward)), "W1", ""),
     ("dec1.ff", sublayer(ZOO["bias gradient never filled (left at zero)"].backward), "b1",
      "identically zero"),
     ("enc0.ff", _residual_dropped, "x", ""),
