@@ -2,7 +2,6 @@
 of each is recomputed here and compared with what the docs say, within a stated band, so a
 change to the tolerance model that leaves them stale fails here (rewrite them with their
 commands; `python -m checks docs --layer NAME` for one row)."""
-import numpy as np
 import pytest
 
 from checks import docs

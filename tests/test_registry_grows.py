@@ -1,17 +1,7 @@
 """A new registry row breaks no existing test: generated tables take its rows one run at a time,
---sizes takes the size names a row declares, and the guide's path works end to end."""
-import os
-import pathlib
-import subprocess
-import sys
-import textwrap
-
-import pytest
-
+and --sizes takes the size names a row declares (the guide's whole path: test_newcomer_path)."""
 from checks import __main__ as cli, docs
 from checks.registry import BY_NAME, Row
-
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 TABLE = """```
 $ python -m checks calibrate --write-docs

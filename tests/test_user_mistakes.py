@@ -1,7 +1,6 @@
 """A user's mistake in calling the checker gets one sentence naming what was expected and what
 came, and is named as the mistake it is (not as an error deeper in the check)."""
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
 import kernels
