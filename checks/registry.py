@@ -184,6 +184,18 @@ ROWS = [
     Row("model", whole_model.model_forward, whole_model.model_backward, reference.model,
         _model_case, input_names=("src", "tgt"), tolerance={"FD_ELEMENTWISE_MAX": 0},
         fixed=MODEL_SIZES),
+    # QK-norm cross-attention (S != T); self-attention is z = x, checked through the model.
+    # Gains are standard normals, not the initial ones, so a gradient missing a gain shows.  Each
+    # head's layer norm over P = 2 features is +-1 whatever q is (pure cancellation, as the
+    # layernorm row at D = 2): D >= 16 keeps P = D / H >= 4 for every H the calibration draws
+    Row("qknorm-mhca", kernels.qknorm_mhca_forward, kernels.qknorm_mhca_backward,
+        reference.qknorm_mhca,
+        lambda rng, dt, s: (lambda inputs, params: (inputs, {
+            **params, "gq": normal(rng, (s["H"], s["D"] // s["H"]), dt),
+            "gk": normal(rng, (s["H"], s["D"] // s["H"]), dt)}))(*_mhca_case(rng, dt, s)),
+        input_names=("x", "z"), axes={**MHCA_AXES, "gq": ("head", "feature"),
+                                      "gk": ("head", "feature")},
+        analytic=True, sizes={"D": 16}, min_sizes={"D": 16}),
 ]
 
 BY_NAME = {row.name: row for row in ROWS}

@@ -16,7 +16,8 @@ the dtype of their inputs and take the array module (NumPy or CuPy) from their i
 """
 from kernels.activations import (leaky_relu_backward, leaky_relu_forward,
                                  softmax_backward, softmax_forward)
-from kernels.attention import mha_backward, mha_forward, mhca_backward, mhca_forward
+from kernels.attention import (mha_backward, mha_forward, mhca_backward, mhca_forward,
+                               qknorm_mhca_backward, qknorm_mhca_forward)
 from kernels.dropout import dropout_backward, dropout_forward
 from kernels.embedding import embedding_backward, embedding_forward, orthogonal_embedding
 from kernels.feedforward import ff_backward, ff_forward

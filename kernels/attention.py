@@ -8,12 +8,21 @@ Self-attention is cross-attention of a stream with itself.
 
 Inside, heads come first: (H, B, T, P).  The per-head projections are then H matrix products of
 (B*T, P) by (P, P), and every batched product runs over contiguous (H, B) stacks.
+
+QK-norm (``qknorm_mhca_forward``; the model's ``qk_norm`` option): each head's queries and keys
+are layer-normalised over their P features (mean and variance, eps 1e-5, as Wortsman et al. 2023's
+qk-layernorm) and multiplied by learned gains g_Q[h], g_K[h] of shape (H, P), no bias (a key bias
+adds the same amount to every logit of a query and cancels in the softmax).  The logits
+(g_Q q^).(g_K k^)/sqrt(P) then lie within +-sqrt(P) max_j |g_Q[h, j] g_K[h, j]|: the gains carry
+the logit scale, so a norm with unit gains does not remove it by construction.  The same
+backward serves both forms: it passes dq and dk back through the norm when the cache holds one.
 """
 import math
 from typing import NamedTuple
 
 from kernels.activations import softmax_rows, softmax_rows_backward
 from kernels.backend import array_module, check_float, check_params
+from kernels.layernorm import standardise, standardise_backward
 from kernels.precision import half_precision_backward, half_precision
 
 
@@ -43,9 +52,17 @@ class AttentionCache(NamedTuple):
     a: object       # (H, B, T, S) attention weights (zero where masked)
     heads: object   # (B*T, D) concatenated head outputs, for dW_O
     params: dict    # the weights, for the input gradients
+    qk: object = None  # QkNormCache with QK-norm (q and k above are then the normalised ones)
 
 
-def _check_attention(x, z, params, causal):
+class QkNormCache(NamedTuple):
+    q_hat: object    # (H, B, T, P) the queries standardised over P, before the gain
+    k_hat: object    # (H, B, S, P) the keys likewise
+    q_inv: object    # (H, B, T, 1) 1 / sqrt(var + eps) of each query
+    k_inv: object    # (H, B, S, 1)
+
+
+def _check_attention(x, z, params, causal, qk_norm=False):
     check_float("x", x, ndim=3)
     check_float("z", z, ndim=3)
     WQ = params.get("WQ") if isinstance(params, dict) else None
@@ -63,8 +80,9 @@ def _check_attention(x, z, params, causal):
         raise TypeError(f"z: expected dtype {x.dtype} (x's), got {z.dtype}")
     if causal and z.shape[1] != T:
         raise ValueError(f"causal: a causal mask needs as many keys as queries, got T = {T}, S = {z.shape[1]}")
-    check_params("attention", params, {"WQ": (H, P, P), "WK": (H, P, P), "WV": (H, P, P), "WO": (D, D)},
-                 x.dtype)
+    gains = {"gq": (H, P), "gk": (H, P)} if qk_norm else {}
+    check_params("qknorm_attention" if qk_norm else "attention", params,
+                 {"WQ": (H, P, P), "WK": (H, P, P), "WV": (H, P, P), "WO": (D, D), **gains}, x.dtype)
     return H
 
 
@@ -74,14 +92,34 @@ def _stacked(params, names):
     return xp.concatenate([params[n] for n in names], axis=2)
 
 
-def _attention_forward(x, z, params, *, causal=False):
+def _qk_norm(q, k, params):
+    """Each head's queries (H, B, T, P) and keys (H, B, S, P) standardised over P and scaled by
+    their gains (H, P): (q, k, QkNormCache)."""
+    q_hat, q_inv = standardise(q)                                   # (H, B, T, P), (H, B, T, 1)
+    k_hat, k_inv = standardise(k)                                   # (H, B, S, P), (H, B, S, 1)
+    gq, gk = params["gq"][:, None, None, :], params["gk"][:, None, None, :]  # (H, 1, 1, P) each
+    return q_hat * gq, k_hat * gk, QkNormCache(q_hat, k_hat, q_inv, k_inv)
+
+
+def _qk_norm_backward(dq, dk, cache, params):
+    """Back through the gains and the standardisation: (dq, dk, {gq, gk}) from the gradients of
+    the normalised q (H, B, T, P) and k (H, B, S, P)."""
+    H, P = params["gq"].shape
+    gq, gk = params["gq"][:, None, None, :], params["gk"][:, None, None, :]  # (H, 1, 1, P) each
+    grads = {"gq": (dq * cache.q_hat).reshape(H, -1, P).sum(axis=1),  # (H, P) over B and T
+             "gk": (dk * cache.k_hat).reshape(H, -1, P).sum(axis=1)}  # (H, P) over B and S
+    return (standardise_backward(dq * gq, cache.q_hat, cache.q_inv),  # (H, B, T, P)
+            standardise_backward(dk * gk, cache.k_hat, cache.k_inv), grads)  # (H, B, S, P)
+
+
+def _attention_forward(x, z, params, *, causal=False, qk_norm=False):
     """Queries from x (B, T, D), keys and values from z (B, S, D) -> (B, T, D).
 
     q, k and v come from three products, not one by [W_Q | W_K | W_V]: the one product's
     column slices are strided views, and the products that read them measured slower than the
     two saved calls (1.4x at the article's sizes).  The head outputs are written straight into
     the (B, T, D) layout."""
-    H = _check_attention(x, z, params, causal)
+    H = _check_attention(x, z, params, causal, qk_norm)
     xp = array_module(x)
     (B, T, D), S = x.shape, z.shape[1]
     P = D // H
@@ -89,6 +127,9 @@ def _attention_forward(x, z, params, *, causal=False):
     q = (xq_h @ params["WQ"]).reshape(H, B, T, P)               # (H, B*T, P) x (H, P, P) -> (H, B, T, P)
     k = (xkv_h @ params["WK"]).reshape(H, B, S, P)              # (H, B, S, P)
     v = (xkv_h @ params["WV"]).reshape(H, B, S, P)              # (H, B, S, P)
+    qk = None
+    if qk_norm:
+        q, k, qk = _qk_norm(q, k, params)                       # (H, B, T, P), (H, B, S, P)
     logits = q @ k.transpose(0, 1, 3, 2)                        # (H, B, T, S)
     logits *= x.dtype.type(1 / math.sqrt(P))                    # the 1/sqrt(P) scaling
     a = softmax_rows(logits, causal_keep(T, x.dtype, xp) if causal else None)  # (H, B, T, S)
@@ -96,7 +137,7 @@ def _attention_forward(x, z, params, *, causal=False):
     xp.matmul(a, v, out=heads.transpose(2, 0, 1, 3))            # (H, B, T, P) view written in place
     heads = heads.reshape(B * T, D)                             # (B*T, D)
     out = (heads @ params["WO"]).reshape(B, T, D)               # (B, T, D)
-    return out, AttentionCache(xq_h, xkv_h, q, k, v, a, heads, params)
+    return out, AttentionCache(xq_h, xkv_h, q, k, v, a, heads, params, qk)
 
 
 def _attention_backward(dout, cache, *, same_stream):
@@ -121,16 +162,20 @@ def _attention_backward(dout, cache, *, same_stream):
     xp.matmul(dlogits, k, out=dq)                                   # (H, B, T, P) through q k^T
     xp.matmul(dlogits.transpose(0, 1, 3, 2), q, out=dkv[..., :P])   # (H, B, S, P) through q k^T
     xp.matmul(a.transpose(0, 1, 3, 2), dheads, out=dkv[..., P:])    # (H, B, S, P) through a @ v
+    norm_grads = {}
+    if cache.qk is not None:                                        # QK-norm: back through it
+        dq[...], dkv[..., :P], norm_grads = _qk_norm_backward(dq, dkv[..., :P], cache.qk, params)
     if same_stream:
         dqkv = dqkv.reshape(H, B * T, 3 * P)                        # (H, B*T, 3P)
         dW = xq_h.transpose(0, 2, 1) @ dqkv                         # (H, P, 3P) sum over B*T of x_h^T [dq|dk|dv]
-        grads = {"WQ": dW[..., :P], "WK": dW[..., P:2 * P], "WV": dW[..., 2 * P:], "WO": dWO}
+        grads = {"WQ": dW[..., :P], "WK": dW[..., P:2 * P], "WV": dW[..., 2 * P:], "WO": dWO,
+                 **norm_grads}
         dx_h = dqkv @ _stacked(params, ("WQ", "WK", "WV")).transpose(0, 2, 1)  # (H, B*T, P) all three paths
         return dx_h, None, grads
     dq, dkv = dq.reshape(H, B * T, P), dkv.reshape(H, B * S, 2 * P)  # (H, B*T, P), (H, B*S, 2P)
     dWkv = xkv_h.transpose(0, 2, 1) @ dkv                           # (H, P, 2P) sum over B*S
     grads = {"WQ": xq_h.transpose(0, 2, 1) @ dq,                    # (H, P, P) sum over B*T of x_h^T dq
-             "WK": dWkv[..., :P], "WV": dWkv[..., P:], "WO": dWO}
+             "WK": dWkv[..., :P], "WV": dWkv[..., P:], "WO": dWO, **norm_grads}
     dxq_h = dq @ params["WQ"].transpose(0, 2, 1)                    # (H, B*T, P) through xq_h W_Q
     dxkv_h = dkv @ _stacked(params, ("WK", "WV")).transpose(0, 2, 1)  # (H, B*S, P) through K and V
     return dxq_h, dxkv_h, grads
@@ -155,9 +200,27 @@ def mhca_forward(x, z, params):
     return _attention_forward(x, z, params, causal=False)
 
 
-@half_precision_backward
-def mhca_backward(dout, cache):
-    """Gradients into both streams: (dx, dz), and the weights."""
+def _cross_backward(dout, cache):
     dxq_h, dxkv_h, grads = _attention_backward(dout, cache, same_stream=False)
     B = dout.shape[0]
     return (merge_heads(dxq_h, B), merge_heads(dxkv_h, B)), grads   # (B, T, D), (B, S, D)
+
+
+@half_precision_backward
+def mhca_backward(dout, cache):
+    """Gradients into both streams: (dx, dz), and the weights."""
+    return _cross_backward(dout, cache)
+
+
+@half_precision
+def qknorm_mhca_forward(x, z, params, *, causal=False):
+    """Cross-attention with QK-norm (module docstring): queries from x (B, T, D), keys/values
+    from z (B, S, D) -> (B, T, D); params as mhca's plus the gains gq, gk (H, P).  Self-attention
+    is z = x (the model's qk_norm option; mha_backward then sums the stream's paths)."""
+    return _attention_forward(x, z, params, causal=causal, qk_norm=True)
+
+
+@half_precision_backward
+def qknorm_mhca_backward(dout, cache):
+    """(dx, dz) and the weights' gradients, the gains' included."""
+    return _cross_backward(dout, cache)

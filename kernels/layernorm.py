@@ -14,6 +14,22 @@ class LayerNormCache(NamedTuple):
     g: object        # (D,) the gain, for dxhat
 
 
+def standardise(x, eps=EPS):
+    """(x - mean(x)) / sqrt(var(x) + eps) over the last axis: (xhat (..., D), inv_std (..., 1)).
+    Shared by the layer norm and the QK-norm of attention (kernels/attention.py)."""
+    xp = array_module(x)
+    centred = x - x.mean(axis=-1, keepdims=True)                               # (..., D)
+    inv_std = 1 / xp.sqrt((centred * centred).mean(axis=-1, keepdims=True) + eps)  # (..., 1)
+    return centred * inv_std, inv_std                                           # (..., D), (..., 1)
+
+
+def standardise_backward(dxhat, xhat, inv_std):
+    """dx = (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)) / std: the direct term, the term
+    through the mean and the term through the variance.  (..., D) -> (..., D)."""
+    return (dxhat - dxhat.mean(axis=-1, keepdims=True)                          # through the mean
+            - xhat * (dxhat * xhat).mean(axis=-1, keepdims=True)) * inv_std     # through the variance
+
+
 @half_precision
 def layernorm_forward(x, params, *, eps=EPS):
     """y = g * (x - mean(x)) / sqrt(var(x) + eps) + b over the last axis.
@@ -23,10 +39,7 @@ def layernorm_forward(x, params, *, eps=EPS):
     check_float("x", x)
     D = x.shape[-1]
     check_params("layernorm", params, {"g": (D,), "b": (D,)}, x.dtype)
-    xp = array_module(x)
-    centred = x - x.mean(axis=-1, keepdims=True)                               # (..., D)
-    inv_std = 1 / xp.sqrt((centred * centred).mean(axis=-1, keepdims=True) + eps)  # (..., 1)
-    xhat = centred * inv_std                                                    # (..., D)
+    xhat, inv_std = standardise(x, eps)                                         # (..., D), (..., 1)
     return xhat * params["g"] + params["b"], LayerNormCache(xhat, inv_std, params["g"])
 
 
@@ -37,8 +50,7 @@ def layernorm_backward(dy, cache):
     xhat, inv_std, g = cache
     D = xhat.shape[-1]
     dxhat = dy * g                                                              # (..., D)
-    dx = (dxhat - dxhat.mean(axis=-1, keepdims=True)                            # through the mean
-          - xhat * (dxhat * xhat).mean(axis=-1, keepdims=True)) * inv_std       # through the variance
+    dx = standardise_backward(dxhat, xhat, inv_std)                             # (..., D)
     dg = (dy * xhat).reshape(-1, D).sum(axis=0)                                 # (D,) over every position
     db = dy.reshape(-1, D).sum(axis=0)                                          # (D,)
     return dx, {"g": dg, "b": db}

@@ -6,7 +6,8 @@ package imports nothing from ``kernels``: an oracle that shared the kernels' cod
 their bugs.
 """
 from reference.layers import (cross_entropy, dropout, embedding, ff, layernorm, leaky_relu, linear,
-                              mha, mhca, posenc, rms_norm, softmax)
+                              mha, mhca, posenc, qknorm_mhca, rms_norm,
+                              softmax)
 from reference.transformer import model
 
 __all__ = sorted(name for name, value in globals().items()   # one list: the oracles imported

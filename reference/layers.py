@@ -77,6 +77,27 @@ def mha(x, params, *, causal=False):
     return mhca(x, x, params, causal=causal)
 
 
+def _standardise(x):
+    return layernorm(x, {"g": 1.0, "b": 0.0})  # weak Python floats keep the dtype
+
+
+def qknorm_mhca(x, z, params, *, causal=False):
+    """Cross-attention whose per-head queries and keys are layer-normalised over the head width,
+    times the gains gq, gk (H, P), before the scaled product."""
+    B, T, D = x.shape
+    S = z.shape[1]
+    H, P, _ = params["WQ"].shape
+    q = _standardise(jnp.einsum("bthp,hpq->bhtq", x.reshape(B, T, H, P), params["WQ"]))
+    k = _standardise(jnp.einsum("bshp,hpq->bhsq", z.reshape(B, S, H, P), params["WK"]))
+    q, k = q * params["gq"][None, :, None, :], k * params["gk"][None, :, None, :]
+    v = jnp.einsum("bshp,hpq->bhsq", z.reshape(B, S, H, P), params["WV"])
+    logits = jnp.einsum("bhtp,bhsp->bhts", q, k) * (1.0 / float(np.sqrt(P)))
+    if causal:
+        logits = jnp.where(np.tril(np.ones((T, S), bool)), logits, -jnp.inf)
+    a = jax.nn.softmax(logits, axis=-1)
+    return jnp.einsum("bhts,bhsp->bthp", a, v).reshape(B, T, D) @ params["WO"]
+
+
 def cross_entropy(logits, targets, params):
     log_p = jax.nn.log_softmax(logits, axis=-1)
     return -jnp.mean(jnp.take_along_axis(log_p, jnp.asarray(targets)[..., None], axis=-1))
