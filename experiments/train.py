@@ -69,6 +69,7 @@ class Config:
     checkpoint: str = ""         # default: results/NAME/checkpoint.npz
     resume: bool = False         # continue from the checkpoint
     debug: bool = False          # stop at the first non-finite value, naming layer and step
+    qk_norm: bool = False        # QK-norm with learned gains in every attention layer (kernels/model.py)
 
     def __post_init__(self):
         tasks.get(self.task).check_tokens(self.max_tokens)
@@ -103,7 +104,7 @@ class Config:
             raise ValueError(f"d_model: the orthogonal embeddings need V = {tasks.DIGITS + 2} <= "
                              f"d_model, got d_model = {self.d_model}")
         return model.ModelConfig(D=self.d_model, H=self.heads, F=self.ff_mult * self.d_model,
-                                 V=tasks.DIGITS + 2, blocks=self.blocks)
+                                 V=tasks.DIGITS + 2, blocks=self.blocks, qk_norm=self.qk_norm)
 
     def formats(self):
         """(compute, store): the format of the forward and backward, and the one the parameters

@@ -21,6 +21,12 @@ the ``loss``), each a kernel pair; every stage runs through a ``tape`` (``DIRECT
 an object with ``forward(name, forward, backward, inputs, params, static)`` and
 ``backward(name, backward, dout, cache)``: ``checks.bisection.Tape`` records the stages there.
 ``decode`` is the one decoder: teacher-forced training and greedy ``generate`` both call it.
+
+QK-norm (``ModelConfig.qk_norm``, off by default): every attention layer (encoder self, decoder
+self and cross) normalises its per-head queries and keys (kernels/attention.py,
+``qknorm_mhca_forward``) with gains ``gq``, ``gk`` (H, P) that start at one and are trained.  A
+parameter dict with ``enc0.attn.gq`` is a QK-norm model; the weights of a seed are the same with
+and without it (the gains take no draw).
 """
 from __future__ import annotations
 
@@ -30,7 +36,8 @@ from typing import Callable, NamedTuple
 
 import numpy
 
-from kernels.attention import mha_backward, mha_forward, mhca_backward, mhca_forward
+from kernels.attention import (mha_backward, mha_forward, mhca_backward, mhca_forward,
+                               qknorm_mhca_forward)
 from kernels.backend import array_module, check_float, check_ids, check_params
 from kernels.dropout import dropout_backward, dropout_forward, dropout_mask as draw_mask
 from kernels.embedding import embedding_forward, orthogonal_embedding
@@ -51,6 +58,7 @@ class ModelConfig:
     F: int = 128      # feed-forward width
     V: int = 12       # vocabulary: V - 2 data tokens, then Start and Finish
     blocks: int = 1   # blocks per side (encoder and decoder each)
+    qk_norm: bool = False  # QK-norm with learned gains in every attention layer
 
     def __post_init__(self):
         for name in ("D", "H", "F", "V", "blocks"):
@@ -65,6 +73,8 @@ class ModelConfig:
             raise ValueError(f"V: expected at least 3 ids (one data token, Start, Finish), got {self.V}")
         if self.V > self.D:
             raise ValueError(f"V: orthogonal embeddings need V <= D, got V = {self.V} > D = {self.D}")
+        if not isinstance(self.qk_norm, (bool, numpy.bool_)):
+            raise TypeError(f"qk_norm: expected True or False, got {self.qk_norm!r}")
 
     @property
     def start(self) -> int:
@@ -77,7 +87,8 @@ class ModelConfig:
 
 def _attention_shapes(c):
     P = c.D // c.H
-    return {"WQ": (c.H, P, P), "WK": (c.H, P, P), "WV": (c.H, P, P), "WO": (c.D, c.D)}
+    gains = {"gq": (c.H, P), "gk": (c.H, P)} if c.qk_norm else {}
+    return {"WQ": (c.H, P, P), "WK": (c.H, P, P), "WV": (c.H, P, P), "WO": (c.D, c.D), **gains}
 
 
 def _ff_shapes(c):
@@ -109,10 +120,14 @@ def param_shapes(config: ModelConfig) -> dict:
 
 
 def init_params(config: ModelConfig, *, seed=0, dtype=numpy.float32, std=0.1, bias_std=0.0):
-    """Weights normal(0, std), biases normal(0, bias_std) (zero by default), from default_rng(seed)."""
+    """Weights normal(0, std), biases normal(0, bias_std) (zero by default), from default_rng(seed);
+    QK-norm gains one, without a draw (the other parameters are those of the plain model)."""
     rng = numpy.random.default_rng(seed)
     params = {}
     for key, shape in param_shapes(config).items():
+        if key.endswith((".gq", ".gk")):
+            params[key] = numpy.ones(shape, dtype=dtype)
+            continue
         scale = bias_std if key.rsplit(".", 1)[1].startswith("b") else std
         params[key] = (scale * rng.standard_normal(shape)).astype(dtype)
     return params
@@ -134,7 +149,8 @@ def config_of(params) -> ModelConfig:
     H = params["enc0.attn.WQ"].shape[0]
     F = params["enc0.ff.W1"].shape[1]
     blocks = sum(1 for key in params if key.endswith(".attn.WQ"))
-    config = ModelConfig(D=int(D), H=int(H), F=int(F), V=int(V), blocks=blocks)
+    config = ModelConfig(D=int(D), H=int(H), F=int(F), V=int(V), blocks=blocks,
+                         qk_norm="enc0.attn.gq" in params)
     check_params("model", params, param_shapes(config), params["out.W"].dtype)
     return config
 
@@ -214,23 +230,31 @@ def sublayer_pair(layer):
             functools.partial(pre_norm_residual_backward, layer_backward=layer[1]))
 
 
-def _pair(name):
-    """The kernel pair of the sublayer stage named name (``dec0.cross`` -> cross's).  The
-    kernels are looked up when the stage runs, so a profiler that wraps this module's kernels
-    (experiments.shares) sees every call."""
+def _qknorm_self_forward(x, params, *, causal=False):
+    """Self-attention with QK-norm: the cross form with z = x, whose cache mha_backward takes
+    (it sums the stream's three paths).  x: (B, T, D) -> (B, T, D)."""
+    return qknorm_mhca_forward(x, x, params, causal=causal)
+
+
+def _pair(name, qk_norm=False):
+    """The kernel pair of the sublayer stage named name (``dec0.cross`` -> cross's); qk_norm
+    picks the QK-norm forwards (the attention backwards serve both: they go back through the
+    norm when the cache holds one).  The kernels are looked up when the stage runs, so a
+    profiler that wraps this module's kernels (experiments.shares) sees every call."""
     kind = name.rsplit(".", 1)[1]
     if kind == "cross":
-        return sublayer_pair((mhca_forward, mhca_backward))
+        return sublayer_pair((qknorm_mhca_forward if qk_norm else mhca_forward, mhca_backward))
     if kind == "ff":
         return sublayer_pair((ff_forward, ff_backward))
-    return sublayer_pair((mha_forward, mha_backward))          # attn (encoder), self (decoder)
+    return sublayer_pair((_qknorm_self_forward if qk_norm else mha_forward,
+                          mha_backward))                     # attn (encoder), self (decoder)
 
 
 def _sublayer(tape, x, name, params, extra=(), watch=None, **static):
     """The pre-norm residual stage named name (``dec0.cross``) through the tape."""
-    forward, backward = _pair(name)
-    return _stage(tape, name, forward, backward, (x, *extra), sub(params, name + "."), watch,
-                  **static)
+    layer_params = sub(params, name + ".")
+    forward, backward = _pair(name, "gq" in layer_params)
+    return _stage(tape, name, forward, backward, (x, *extra), layer_params, watch, **static)
 
 
 def _sublayer_backward(tape, dx, name, cache, grads, watch=None):

@@ -36,13 +36,18 @@ def _norm(x):
 
 
 def attention_sublayer(x, params, *, causal=False):
-    """The stage x + MHA(norm(x)) (enc*.attn, dec*.self)."""
+    """The stage x + MHA(norm(x)) (enc*.attn, dec*.self); with QK-norm gains in params, the
+    QK-norm attention of the stream with itself."""
+    if "gq" in params:
+        return x + as_layer("qknorm_mhca", lambda n, p: layers.qknorm_mhca(n, n, p, causal=causal),
+                            _norm(x), params)
     return x + as_layer("mha", lambda n, p: layers.mha(n, p, causal=causal), _norm(x), params)
 
 
 def cross_sublayer(x, z, params):
-    """The stage x + MHCA(norm(x), Z) (dec*.cross)."""
-    return x + as_layer("mhca", lambda n, z, p: layers.mhca(n, z, p), _norm(x), z, params)
+    """The stage x + MHCA(norm(x), Z) (dec*.cross), QK-norm when params hold its gains."""
+    layer = layers.qknorm_mhca if "gq" in params else layers.mhca
+    return x + as_layer(layer.__name__, lambda n, z, p: layer(n, z, p), _norm(x), z, params)
 
 
 def ff_sublayer(x, params):
