@@ -31,13 +31,18 @@ queries and keys of independent isotropic directions their mean square is exactl
 
 Learning rates (Wortsman et al. 2023 observe, in models of 10^7-10^9 parameters, that attention
 logits grow and training diverges as the learning rate rises, and that QK-layernorm prevents it).
-At the lab's scale: the palindrome run for a few epochs at each of several peak rates; after the
-last epoch each attention layer's mean entropy and largest logit on the validation batch, and the
-losses.  Tested as an inequality: the runs that fail (valid loss above 1 nat) have a smaller
-lowest-layer entropy than every run that learns; the logit growth is shown.  Not tested: the
-QK-layernorm remedy (the lab's model has no QK-norm; the random-weight sweep above has one, but
-there the norm removes lambda by construction) and divergence to infinity (the failed runs stall
-near the loss of guessing, they do not blow up).
+At the lab's scale: the palindrome run for a few epochs at each of several peak rates, plain and
+with the model's QK-norm (kernels/attention.py: per-head layer norm of queries and keys with
+learned gains g_Q, g_K starting at one, so the logit scale stays learnable: every logit lies
+within sqrt(P) max|g_Q g_K|), the two arms of a seed sharing data, shuffles and initial weights;
+after the last epoch each attention layer's mean entropy and largest logit on the validation
+batch, and the losses.  Tested: (plain) the runs that fail (valid loss above 1 nat) have a smaller
+lowest-layer entropy than every run that learns; (QK-norm) its ceiling (an Identity of the norm),
+its largest logit at every rate below the smallest largest logit of a failed plain run, and
+whether it learns at the rates where the plain runs fail (both Consistent-kind inequalities that
+can fail); with several seeds (sweep_seeds) the paired log-ratio of the arms' largest logits at
+the highest rate.  Not shown at this scale: divergence to infinity (the failed runs stall near the
+loss of guessing, they do not blow up).
 
 Training.  The article's palindrome run (float32, seed 0) is trained again and after every epoch
 the attention rows of a fixed validation batch are read from the model's caches: mean entropy
@@ -48,7 +53,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 import numpy as np
 
@@ -71,11 +76,14 @@ class Config:
     sweep_rates: tuple[float, ...] = (0.01, 0.03, 0.1, 0.3)  # peak learning rates of the rate sweep (empty: skip)
     sweep_epochs: int = 3          # epochs of each rate-sweep run
     seed: int = 0                  # seed of every draw
+    sweep_qk_norm: bool = True     # run every rate also with QK-norm (the model's qk_norm option)
+    sweep_seeds: int = 1           # seeds per rate and arm (seed, seed + 1, ...), paired across arms
 
     def __post_init__(self):
         common.validate(self, ints={"width": 2, "keys": 2, "draws": 2, "seed": 0})
         common.check_int("train_epochs", self.train_epochs, 0)
         common.check_int("sweep_epochs", self.sweep_epochs, 1)
+        common.check_int("sweep_seeds", self.sweep_seeds, 1)
         if any(not (isinstance(r, float) and r > 0) for r in self.sweep_rates) \
                 or list(self.sweep_rates) != sorted(self.sweep_rates):
             raise ValueError(f"sweep_rates: expected increasing positive rates, got {self.sweep_rates}")
@@ -177,21 +185,23 @@ def sweep(rng, config):
 
 # --- the palindrome run ---------------------------------------------------------------------
 
-def attention_layers(params, embedding, src, tgt):
+LAYERS = {"encoder self": "enc0.attn", "decoder self (causal)": "dec0.self", "cross": "dec0.cross"}
+
+
+def attention_layers(params, embedding, src, tgt, *, bound=True):
     """{layer: (probabilities (H, B, T, S), logits, (bound margin, largest bound / entropy) or
-    None)} of one forward pass."""
+    None)} of one forward pass (bound False: no margins).  With QK-norm the cache's q and k are
+    the normalised ones, so the logits are those the softmax saw."""
     _, cache = model.model_forward(src, tgt, params, embedding=embedding)
     out = {}
-    layers = {"encoder self": cache.encoder.blocks[0].attn.layer,
-              "decoder self (causal)": cache.decoder.blocks[0].self_attn.layer,
-              "cross": cache.decoder.blocks[0].cross.layer}
-    prefixes = {"encoder self": "enc0.attn", "decoder self (causal)": "dec0.self", "cross": "dec0.cross"}
-    for name, c in layers.items():
+    caches = dict(zip(LAYERS, (cache.encoder.blocks[0].attn.layer, cache.decoder.blocks[0].self_attn.layer,
+                               cache.decoder.blocks[0].cross.layer)))
+    for name, c in caches.items():
         P = c.q.shape[-1]
         logits = c.q @ np.swapaxes(c.k, -1, -2) / math.sqrt(P)                    # (H, B, T, S)
         margin = None
-        if "causal" not in name:
-            W = params[prefixes[name] + ".WQ"], params[prefixes[name] + ".WK"]     # (H, P, P) each
+        if bound and "causal" not in name:
+            W = params[LAYERS[name] + ".WQ"], params[LAYERS[name] + ".WK"]         # (H, P, P) each
             spec = np.array([np.linalg.norm(W[0][h] @ W[1][h].T, 2) for h in range(len(W[0]))]) / math.sqrt(P)
             H, B, T, S = logits.shape
             nq = np.linalg.norm(c.xq_h.reshape(H, B, T, P), axis=-1)              # (H, B, T)
@@ -212,21 +222,37 @@ def validation_batch(tcfg):
     return valid[0, 0], valid[0, 1]
 
 
+ARMS = {"plain": False, "QK-norm": True}   # arm of the rate sweep -> the model's qk_norm
+
+
+def qk_logit_limit(params, prefix):
+    """The QK-norm layer's logit ceiling sqrt(P) max_{h,j} |gq[h, j] gk[h, j]| (kernels/attention.py)."""
+    gq, gk = params[prefix + ".gq"], params[prefix + ".gk"]                       # (H, P) each
+    return float(math.sqrt(gq.shape[-1]) * np.abs(gq * gk).max())
+
+
 def rate_sweep(config):
-    """Wortsman et al. 2023's sweep at the lab's scale: the palindrome run (no QK-norm: the lab's
-    model has none) at each peak rate for sweep_epochs; after the last epoch, per attention layer,
-    the mean entropy and the largest |logit| of the validation batch, with the losses.  One row
-    per (rate, layer)."""
+    """Wortsman et al. 2023's sweep at the lab's scale: the palindrome run at each peak rate for
+    sweep_epochs, plain and (sweep_qk_norm) with QK-norm, sweep_seeds seeds each, the two arms of a
+    seed sharing data, shuffles and initial weights; after the last epoch, per attention layer,
+    the mean entropy and the largest |logit| of the validation batch (with QK-norm also the
+    layer's logit ceiling), with the losses.  One row per (rate, seed, arm, layer)."""
+    arms = [arm for arm, qk in ARMS.items() if config.sweep_qk_norm or not qk]
+    runs = [(rate, seed, arm) for rate in config.sweep_rates
+            for seed in range(config.seed, config.seed + config.sweep_seeds) for arm in arms]
     rows = []
-    for rate in common.progress(config.sweep_rates, desc=f"{NAME} rates"):
-        tcfg = train.Config(epochs=config.sweep_epochs, dtype=config.train_dtype, seed=config.seed,
-                            start_rate=rate)
+    for rate, seed, arm in common.progress(runs, desc=f"{NAME} rates"):
+        tcfg = train.Config(epochs=config.sweep_epochs, dtype=config.train_dtype, seed=seed,
+                            start_rate=rate, qk_norm=ARMS[arm])
         src, tgt = validation_batch(tcfg)
         fit = train.fit(tcfg, common.results_dir(NAME) / "checkpoint-sweep.npz")
         last = fit.history[-1]
-        for name, (a, logits, _) in attention_layers(fit.params, fit.embedding, src, tgt).items():
-            rows.append({"rate": rate, "layer": name, "entropy": float(row_entropy(a).mean()),
+        layers = attention_layers(fit.params, fit.embedding, src, tgt, bound=False)
+        for name, (a, logits, _) in layers.items():
+            rows.append({"rate": rate, "seed": seed, "arm": arm, "layer": name,
+                         "entropy": float(row_entropy(a).mean()),
                          "max_logit": float(np.abs(np.where(a > 0, logits, 0)).max()),
+                         "logit_limit": qk_logit_limit(fit.params, LAYERS[name]) if ARMS[arm] else "",
                          "train_loss": last["train_loss"], "valid_loss": last["valid_loss"]})
     return rows
 
@@ -324,32 +350,109 @@ def _headlines(m, config):
 FAILED_LOSS = 1.0  # nats: a rate-sweep run whose valid loss stays above this has not learnt the task
 
 
-def _rate_headlines(rates, config):
-    """Wortsman et al. 2023 at the lab's scale: the smallest attention entropy of the runs that
-    fail against that of the runs that learn (an inequality), and the logit growth (shown)."""
-    by_rate = {}
+class Run(NamedTuple):
+    """One run of the rate sweep, summarised over its attention layers."""
+    low_entropy: float   # the smallest layer's mean entropy
+    max_logit: float     # the largest |logit| over its layers
+    limit_share: float   # QK-norm: the largest logit / its layer's ceiling, over the layers (else nan)
+    valid_loss: float
+
+    @property
+    def failed(self) -> bool:
+        return self.valid_loss > FAILED_LOSS
+
+
+def sweep_runs(rates) -> dict:
+    """{(arm, rate, seed): Run} from the rate sweep's rows."""
+    grouped = {}
     for r in rates:
-        by_rate.setdefault(r["rate"], []).append(r)
-    low = {rate: min(r["entropy"] for r in rs) for rate, rs in by_rate.items()}      # per run
-    failed = [rate for rate, rs in by_rate.items() if rs[0]["valid_loss"] > FAILED_LOSS]
-    learnt = [rate for rate in by_rate if rate not in failed]
+        grouped.setdefault((r["arm"], r["rate"], r["seed"]), []).append(r)
+    return {key: Run(min(r["entropy"] for r in rs), max(r["max_logit"] for r in rs),
+                     max((r["max_logit"] / r["logit_limit"] for r in rs if r["logit_limit"] != ""),
+                         default=float("nan")), rs[0]["valid_loss"])
+            for key, rs in grouped.items()}
+
+
+def _rates(rates):
+    return ", ".join(f"{r:g}" for r in sorted(rates))
+
+
+def _rate_headlines(rates, config):
+    """Wortsman et al. 2023 at the lab's scale.  Plain arm: the smallest attention entropy of the
+    runs that fail against that of the runs that learn (an inequality) and the logit growth
+    (shown).  QK-norm arm: its logit ceiling (an identity of the norm), its largest logit against
+    the plain runs' at failure, and whether it learns where the plain runs fail (inequalities);
+    with several seeds, the paired logit reduction per rate."""
+    runs = sweep_runs(rates)
+    plain = {(rate, seed): run for (arm, rate, seed), run in runs.items() if arm == "plain"}
+    qk = {(rate, seed): run for (arm, rate, seed), run in runs.items() if arm == "QK-norm"}
+    failed = [key for key, run in plain.items() if run.failed]
+    learnt = [key for key in plain if key not in failed]
+    failed_rates = sorted({rate for rate, _ in failed})
+    seeds = len({seed for _, seed in plain})
     heads = []
     if failed and learnt:
-        heads.append(common.bound(f"rate sweep ({config.sweep_epochs} epochs): smallest layer entropy of the "
-                                  f"runs that fail (valid loss > {FAILED_LOSS:g} nat: rates "
-                                  f"{', '.join(f'{r:g}' for r in failed)}) below that of every run that learns",
-                                  max(low[r] for r in failed), min(low[r] for r in learnt),
+        heads.append(common.bound(f"rate sweep ({config.sweep_epochs} epochs, plain model): smallest layer entropy "
+                                  f"of the runs that fail (valid loss > {FAILED_LOSS:g} nat: rates "
+                                  f"{_rates(failed_rates)}) below that of every run that learns",
+                                  max(plain[k].low_entropy for k in failed), min(plain[k].low_entropy for k in learnt),
                                   "Zhai et al. 2023, Wortsman et al. 2023: low attention entropy goes with "
                                   "unstable training", "largest failed-run entropy ≤ smallest learnt-run entropy"))
     article = train.Config().start_rate          # the article's peak rate, when the sweep has it
-    top, ref = max(by_rate), article if article in by_rate else min(by_rate)
-    biggest = {rate: max(r["max_logit"] for r in rs) for rate, rs in by_rate.items()}
-    heads.append(common.shown(f"rate sweep: largest attention logit at rate {top:g} over that at rate {ref:g}",
+    by_rate = sorted({rate for rate, _ in plain})
+    top, ref = by_rate[-1], article if article in by_rate else by_rate[0]
+    biggest = {rate: float(np.median([run.max_logit for (r, _), run in plain.items() if r == rate]))
+               for rate in by_rate}
+    loss = {rate: float(np.median([run.valid_loss for (r, _), run in plain.items() if r == rate]))
+            for rate in by_rate}
+    heads.append(common.shown(f"rate sweep, plain model: largest attention logit at rate {top:g} over that at "
+                              f"rate {ref:g} (median over {seeds} seed{'s' * (seeds > 1)})",
                               biggest[top] / biggest[ref], float("nan"), "Wortsman et al. 2023: attention "
                               "logits grow with the learning rate (no number at this scale)",
-                              f"valid loss {by_rate[top][0]['valid_loss']:.3g} against "
-                              f"{by_rate[ref][0]['valid_loss']:.3g}; QK-layernorm not tested (the lab's "
-                              "model has none)"))
+                              f"valid loss {loss[top]:.3g} against {loss[ref]:.3g}"))
+    if qk:
+        heads += _qk_headlines(plain, qk, failed, failed_rates)
+    return heads
+
+
+def _qk_headlines(plain, qk, failed, failed_rates):
+    """The QK-norm arm against the plain one (same seeds, data and initial weights)."""
+    heads = [dataclasses.replace(common.bound(
+        "rate sweep, QK-norm model: largest attention logit over its layer's ceiling "
+        "sqrt(P) max|g_Q g_K|, every rate, seed and layer", max(run.limit_share for run in qk.values()), 1.0,
+        "the norm: |q̂|² ≤ P, so |(g_Q q̂)·(g_K k̂)|/sqrt(P) ≤ sqrt(P) max_j |g_Q,j g_K,j|",
+        "largest logit / ceiling ≤ 1"), kind="identity")]
+    if not failed:
+        return heads
+    at_failure = min(plain[k].max_logit for k in failed)
+    heads.append(common.bound(
+        f"rate sweep, QK-norm model: largest attention logit over every rate and seed, below the smallest "
+        f"largest logit of the plain runs that fail (rates {_rates(failed_rates)})",
+        max(run.max_logit for run in qk.values()), at_failure,
+        "Wortsman et al. 2023: QK-layernorm prevents the attention-logit growth",
+        "the QK-norm runs never reach the logits at which plain runs fail"))
+    at_failed_rates = [run for (rate, _), run in qk.items() if rate in failed_rates]
+    heads.append(common.bound(
+        f"rate sweep, QK-norm model at the rates where the plain runs fail ({_rates(failed_rates)}): "
+        "largest valid loss (nats)", max(run.valid_loss for run in at_failed_rates), FAILED_LOSS,
+        "Wortsman et al. 2023: with QK-layernorm, rates at which the plain model diverges train",
+        f"every QK-norm run there learns (valid loss ≤ {FAILED_LOSS:g} nat)"))
+    top = max(rate for rate, _ in qk)           # the sweep's highest rate, fixed before the runs
+    paired = [math.log10(plain[top, seed].max_logit / qk[top, seed].max_logit)
+              for rate, seed in qk if rate == top and (rate, seed) in plain]
+    if len(paired) >= 2:
+        n, (mean, se) = len(paired), common.mean_se(paired)
+        heads.append(common.bound(
+            f"rate sweep at the highest rate ({top:g}), paired by seed ({n} seeds): log10 of the plain over the "
+            "QK-norm run's largest logit, mean − t SE", mean - common.t_multiplier(n - 1) * se, 0.0,
+            "Wortsman et al. 2023: QK-layernorm keeps the attention logits small at high rates",
+            f"the mean's lower 3-SE limit ≥ 0 (mean {mean:.3g} ± {se:.2g}, t with {n - 1} df)", lower=True))
+        diffs = [plain[k].valid_loss - qk[k].valid_loss for k in qk if k in plain and k[0] in failed_rates]
+        heads.append(common.shown(
+            f"rate sweep, paired by seed ({n} seeds) at the rates where plain runs fail ({_rates(failed_rates)}): "
+            "valid loss of the plain run minus the QK-norm run's (nats), over those rates and seeds",
+            *common.mean_se(diffs), "no number at this scale",
+            "Wortsman et al. 2023: QK-layernorm lowers the high-rate loss"))
     return heads
 
 
@@ -375,8 +478,8 @@ def _tables(m, config):
     if runs:
         out.append(("palindrome run: attention per layer and epoch (validation batch)", runs))
     if rates:
-        out.append((f"rate sweep: attention after {config.sweep_epochs} epochs per peak rate (validation "
-                    "batch, one run each)", rates))
+        out.append((f"rate sweep: attention after {config.sweep_epochs} epochs per peak rate, seed and arm "
+                    "(validation batch; logit_limit: the QK-norm layer's ceiling)", rates))
     return out
 
 
@@ -416,28 +519,44 @@ def _charts(m, config, figures):
                     "validation batch, after each epoch of the article's palindrome run (epoch 0: the "
                     "initialisation).", figures)
     if rates:
-        fig, (c1, c2) = common.figure(2, width=5.4)
-        layers = list(dict.fromkeys(r["layer"] for r in rates))
-        for i, layer in enumerate(layers):
-            rs = [r for r in rates if r["layer"] == layer]
-            c1.plot([r["max_logit"] for r in rs], [r["entropy"] for r in rs], "o-", color=f"C{i}", label=layer)
+        _rate_chart(rates, config, figures)
+
+
+ARM_STYLE = {"plain": ("o", "-"), "QK-norm": ("s", "--")}   # marker, line
+
+
+def _rate_chart(rates, config, figures):
+    """Entropy against the largest logit per layer and arm (seed config.seed, labels: the rate);
+    valid loss against the rate per arm (every seed, the line through their median)."""
+    fig, (c1, c2) = common.figure(2, width=5.4)
+    arms = list(dict.fromkeys(r["arm"] for r in rates))
+    for i, layer in enumerate(dict.fromkeys(r["layer"] for r in rates)):
+        for arm in arms:
+            rs = [r for r in rates if r["layer"] == layer and r["arm"] == arm and r["seed"] == config.seed]
+            marker, line = ARM_STYLE[arm]
+            c1.plot([r["max_logit"] for r in rs], [r["entropy"] for r in rs], marker=marker, ls=line,
+                    color=f"C{i}", ms=4, label=f"{layer}, {arm}")
             for r in rs:
                 c1.annotate(f"{r['rate']:g}", (r["max_logit"], r["entropy"]), fontsize=6,
                             textcoords="offset points", xytext=(3, 3))
-        c1.set_ylim(bottom=0)
-        common.label(c1, "entropy against the largest logit (labels: peak rate)", "largest |logit| (unitless)",
-                     "mean entropy (nats)", logx=True, legend="lower left")
-        losses = {r["rate"]: r["valid_loss"] for r in rates}
-        c2.plot(list(losses), list(losses.values()), "ko-", label=f"valid loss after {config.sweep_epochs} epochs")
-        c2.axhline(FAILED_LOSS, color="C3", ls=":", lw=1, label=f"{FAILED_LOSS:g} nat: not learnt")
-        common.label(c2, "palindrome run against the peak rate", "peak learning rate", "valid loss (nats)",
-                     logx=True, logy=True, legend="upper left")
-        common.save(fig, NAME, "rates.png",
-                    f"The palindrome run (no QK-norm) for {config.sweep_epochs} epochs at each peak rate. Left: "
-                    "each attention layer's mean entropy against its largest logit on the validation batch; "
-                    "right: the valid loss. Past a rate the logits grow by orders of magnitude, the entropy "
-                    "collapses and the run stops learning, as Wortsman et al. observe in large models.",
-                    figures)
+    c1.set_ylim(bottom=0)
+    common.label(c1, f"entropy against the largest logit (seed {config.seed}; labels: peak rate)",
+                 "largest |logit| (unitless)", "mean entropy (nats)", logx=True, legend="lower left")
+    for j, arm in enumerate(arms):
+        runs = {(r["rate"], r["seed"]): r["valid_loss"] for r in rates if r["arm"] == arm}
+        xs = sorted({rate for rate, _ in runs})
+        marker, line = ARM_STYLE[arm]
+        c2.plot([rate for rate, _ in runs], list(runs.values()), marker, color=f"C{j + 3}", alpha=0.5, ms=4)
+        c2.plot(xs, [np.median([v for (r, _), v in runs.items() if r == x]) for x in xs], marker=marker,
+                ls=line, color=f"C{j + 3}", label=f"{arm}: valid loss after {config.sweep_epochs} epochs")
+    c2.axhline(FAILED_LOSS, color="k", ls=":", lw=1, label=f"{FAILED_LOSS:g} nat: not learnt")
+    common.label(c2, "palindrome run against the peak rate", "peak learning rate", "valid loss (nats)",
+                 logx=True, logy=True, legend="upper left")
+    common.save(fig, NAME, "rates.png",
+                f"The palindrome run for {config.sweep_epochs} epochs at each peak rate, plain (circles, solid) "
+                "and with QK-norm (squares, dashed), the same seeds, data and initial weights. Left: each "
+                "attention layer's mean entropy against its largest logit on the validation batch; right: the "
+                "valid loss (dots: seeds; line: their median).", figures)
 
 
 def _rows(m, config):

@@ -45,21 +45,60 @@ def test_entropy_collapse_tiny():
     assert rows[64.0, True]["entropy"] == pytest.approx(rows[0.5, True]["entropy"], rel=1e-6)
 
 
+def _sweep_rows(arm, rate, seed, loss, entropies, logit, limit=""):
+    """One run's rows as rate_sweep writes them: one per layer, the largest logit in the last."""
+    return [{"rate": rate, "seed": seed, "arm": arm, "layer": f"l{i}", "entropy": e,
+             "max_logit": logit if i == len(entropies) - 1 else 1.0, "logit_limit": limit,
+             "train_loss": loss, "valid_loss": loss} for i, e in enumerate(entropies)]
+
+
+def _plain_runs(seed=0, second_entropy=0.1):
+    return (_sweep_rows("plain", 0.01, seed, 0.01, (2.7, 1.7), 30.0)
+            + _sweep_rows("plain", 0.1, seed, 1.8, (2.5, second_entropy), 900.0)
+            + _sweep_rows("plain", 0.3, seed, 2.2, (0.4, 0.05), 2e5))
+
+
 def test_rate_sweep_headlines_compare_failed_and_learnt_runs():
     config = entropy_collapse.Config(sweep_rates=(0.01, 0.1, 0.3))
-
-    def rows(rate, loss, entropies, logit):
-        return [{"rate": rate, "layer": f"l{i}", "entropy": e, "max_logit": logit, "train_loss": loss,
-                 "valid_loss": loss} for i, e in enumerate(entropies)]
-    rates = rows(0.01, 0.01, (2.7, 1.7), 30.0) + rows(0.1, 1.8, (2.5, 0.1), 900.0) + rows(0.3, 2.2, (0.4, 0.05), 2e5)
-    inequality, growth = entropy_collapse._rate_headlines(rates, config)
+    inequality, growth = entropy_collapse._rate_headlines(_plain_runs(), config)
     assert inequality.kind == "consistent" and inequality.agrees and inequality.measured == 0.1
     assert growth.kind == "shown" and growth.measured == pytest.approx(2e5 / 30.0)   # against the article's 0.01
     # a failed run whose entropy stayed high breaks the inequality
-    rates = rows(0.01, 0.01, (2.7, 1.7), 30.0) + rows(0.1, 1.8, (2.5, 2.0), 900.0) + rows(0.3, 2.2, (0.4, 0.05), 2e5)
-    assert not entropy_collapse._rate_headlines(rates, config)[0].agrees
+    assert not entropy_collapse._rate_headlines(_plain_runs(second_entropy=2.0), config)[0].agrees
     with pytest.raises(ValueError, match="sweep_rates: expected"):
         entropy_collapse.Config(sweep_rates=(0.1, 0.01))
+
+
+def _qk_runs(seed=0, top_logit=12.0, top_loss=2.1):
+    return (_sweep_rows("QK-norm", 0.01, seed, 0.005, (2.6, 1.5), 8.0, 10.0)
+            + _sweep_rows("QK-norm", 0.1, seed, 1.9, (2.6, 1.6), 9.0, 10.0)
+            + _sweep_rows("QK-norm", 0.3, seed, top_loss, (2.0, 1.2), top_logit, 20.0))
+
+
+def test_rate_sweep_qk_norm_arm_against_the_plain_one():
+    """The QK-norm arm's ceiling (an identity), its largest logit against the plain runs' at
+    failure and its loss where they fail (bounds that can fail either way); with two seeds the
+    paired log-ratio of the largest logits at the top rate, mean − t SE."""
+    config = entropy_collapse.Config(sweep_rates=(0.01, 0.1, 0.3))
+    heads = entropy_collapse._rate_headlines(_plain_runs() + _qk_runs(), config)
+    ceiling, logits, learns = heads[2:]
+    assert ceiling.kind == "identity" and ceiling.agrees and ceiling.measured == pytest.approx(0.9)
+    assert logits.kind == "consistent" and logits.agrees and logits.measured == 12.0
+    assert logits.predicted == "≤ 900"                 # the smallest largest logit of a failed plain run
+    assert learns.kind == "consistent" and learns.agrees is False and learns.measured == 2.1
+    heads = entropy_collapse._rate_headlines(_plain_runs() + _qk_runs(top_logit=1e3, top_loss=0.5), config)
+    assert heads[3].agrees is False                    # a QK-norm logit beyond the failed plain runs'
+    assert heads[4].agrees is False                    # 0.1's QK-norm run still fails (1.9 nats)
+    assert heads[2].agrees is False                    # and 1e3 is beyond its ceiling of 20
+    # two seeds, paired: at the top rate log10(2e5 / 12) and log10(2e5 / 15)
+    rates = _plain_runs(0) + _plain_runs(1) + _qk_runs(0) + _qk_runs(1, top_logit=15.0)
+    heads = entropy_collapse._rate_headlines(rates, config)
+    paired, losses = heads[5:]
+    d = np.log10([2e5 / 12.0, 2e5 / 15.0])
+    assert paired.kind == "consistent" and paired.measured == pytest.approx(
+        d.mean() - common.t_multiplier(1) * d.std(ddof=1) / np.sqrt(2))
+    assert paired.agrees is (paired.measured >= 0)
+    assert losses.kind == "shown" and losses.measured == pytest.approx(np.mean([1.8 - 1.9, 2.2 - 2.1] * 2))
 
 
 def test_rank_collapse_tiny():
