@@ -188,9 +188,9 @@ def sweep(rng, config):
 LAYERS = {"encoder self": "enc0.attn", "decoder self (causal)": "dec0.self", "cross": "dec0.cross"}
 
 
-def attention_layers(params, embedding, src, tgt, *, bound=True):
+def attention_layers(params, embedding, src, tgt, *, margins=True):
     """{layer: (probabilities (H, B, T, S), logits, (bound margin, largest bound / entropy) or
-    None)} of one forward pass (bound False: no margins).  With QK-norm the cache's q and k are
+    None)} of one forward pass (margins False: none computed).  With QK-norm the cache's q and k are
     the normalised ones, so the logits are those the softmax saw."""
     _, cache = model.model_forward(src, tgt, params, embedding=embedding)
     out = {}
@@ -200,7 +200,7 @@ def attention_layers(params, embedding, src, tgt, *, bound=True):
         P = c.q.shape[-1]
         logits = c.q @ np.swapaxes(c.k, -1, -2) / math.sqrt(P)                    # (H, B, T, S)
         margin = None
-        if bound and "causal" not in name:
+        if margins and "causal" not in name:
             W = params[LAYERS[name] + ".WQ"], params[LAYERS[name] + ".WK"]         # (H, P, P) each
             spec = np.array([np.linalg.norm(W[0][h] @ W[1][h].T, 2) for h in range(len(W[0]))]) / math.sqrt(P)
             H, B, T, S = logits.shape
@@ -247,7 +247,7 @@ def rate_sweep(config):
         src, tgt = validation_batch(tcfg)
         fit = train.fit(tcfg, common.results_dir(NAME) / "checkpoint-sweep.npz")
         last = fit.history[-1]
-        layers = attention_layers(fit.params, fit.embedding, src, tgt, bound=False)
+        layers = attention_layers(fit.params, fit.embedding, src, tgt, margins=False)
         for name, (a, logits, _) in layers.items():
             rows.append({"rate": rate, "seed": seed, "arm": arm, "layer": name,
                          "entropy": float(row_entropy(a).mean()),
@@ -541,7 +541,7 @@ def _rate_chart(rates, config, figures):
                             textcoords="offset points", xytext=(3, 3))
     c1.set_ylim(bottom=0)
     common.label(c1, f"entropy against the largest logit (seed {config.seed}; labels: peak rate)",
-                 "largest |logit| (unitless)", "mean entropy (nats)", logx=True, legend="lower left")
+                 "largest |logit| (unitless)", "mean entropy (nats)", logx=True, legend="upper right")
     for j, arm in enumerate(arms):
         runs = {(r["rate"], r["seed"]): r["valid_loss"] for r in rates if r["arm"] == arm}
         xs = sorted({rate for rate, _ in runs})

@@ -144,3 +144,26 @@ def test_schedule_compares_the_article_only_under_its_own_protocol():
     assert shown and all(h.kind == "shown" and h.agrees is None for h in shown)
     other = schedule.Config(epochs=3)   # not the article's protocol: nothing compared
     assert all(h.kind == "shown" for h in schedule._protocol_headlines(other, fits, seeds))
+
+
+def test_attention_layers_of_the_plain_and_the_qk_norm_model():
+    """What the sweeps read from one forward pass: the plain model's unmasked layers with the
+    entropy bound's margin (never negative), the QK-norm model's logits within its ceiling."""
+    from kernels import model
+    rng = np.random.default_rng(2)
+    src, tgt = rng.integers(0, 10, (2, 5)), rng.integers(0, 10, (2, 5))
+    for qk in (False, True):
+        config = model.ModelConfig(qk_norm=qk)
+        params = model.init_params(config, seed=1, std=0.5)
+        layers = entropy_collapse.attention_layers(params, model.embedding_table(config), src, tgt,
+                                                   margins=not qk)
+        assert list(layers) == list(entropy_collapse.LAYERS)
+        for name, (a, logits, margin) in layers.items():
+            np.testing.assert_allclose(a.sum(axis=-1), 1.0, rtol=1e-5)
+            if qk:
+                assert margin is None
+                limit = entropy_collapse.qk_logit_limit(params, entropy_collapse.LAYERS[name])
+                assert np.abs(logits).max() <= limit
+            else:
+                assert (margin is None) == ("causal" in name)
+                assert margin is None or margin[0] >= 0
