@@ -195,7 +195,8 @@ def mha_forward(x, params, *, causal=False):
 
 @half_precision_backward
 def mha_backward(dout, cache):
-    """The stream feeds queries, keys and values: its gradient is the sum of the three paths."""
+    """The stream feeds queries, keys and values: its gradient is the sum of the three paths.
+    Also the backward of QK-norm self-attention (qknorm_mhca_forward(x, x, ...): the model's)."""
     dx_h, _, grads = _attention_backward(dout, cache, same_stream=True)
     return merge_heads(dx_h, dout.shape[0]), grads                  # (B, T, D)
 
@@ -207,6 +208,7 @@ def mhca_forward(x, z, params):
 
 
 def _cross_backward(dout, cache):
+    """(dx, dz) of cross-attention, plain or QK-norm (the cache says which), and the weights'."""
     dxq_h, dxkv_h, grads = _attention_backward(dout, cache, same_stream=False)
     B = dout.shape[0]
     return (merge_heads(dxq_h, B), merge_heads(dxkv_h, B)), grads   # (B, T, D), (B, S, D)
