@@ -167,3 +167,22 @@ def test_attention_layers_of_the_plain_and_the_qk_norm_model():
             else:
                 assert (margin is None) == ("causal" in name)
                 assert margin is None or margin[0] >= 0
+
+
+@pytest.mark.slow  # trains the palindrome model twice for an epoch (a few seconds)
+def test_rate_sweep_runs_both_arms_on_the_same_seed():
+    config = entropy_collapse.Config(sweep_rates=(0.01,), sweep_epochs=1, train_epochs=0)
+    rows = entropy_collapse.rate_sweep(config)
+    assert [(r["arm"], r["layer"]) for r in rows] == [(arm, layer) for arm in entropy_collapse.ARMS
+                                                      for layer in entropy_collapse.LAYERS]
+    assert {(r["rate"], r["seed"]) for r in rows} == {(0.01, 0)}
+    for r in rows:
+        assert 0 < r["entropy"] <= np.log(16 + 1) and r["max_logit"] > 0
+        if r["arm"] == "QK-norm":
+            assert r["max_logit"] <= r["logit_limit"]
+        else:
+            assert r["logit_limit"] == ""
+    runs = entropy_collapse.sweep_runs(rows)
+    assert set(runs) == {("plain", 0.01, 0), ("QK-norm", 0.01, 0)}
+    # different models trained on the same data: different losses, the same task
+    assert runs["plain", 0.01, 0].valid_loss != runs["QK-norm", 0.01, 0].valid_loss
