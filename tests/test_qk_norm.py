@@ -7,7 +7,7 @@ import reference
 from checks import check_layer
 from checks.registry import BY_NAME
 from kernels import model as M
-from kernels.attention import qknorm_mhca_forward
+from kernels.attention import mha_backward, qknorm_mhca_forward
 
 
 def qk_case(dtype, *, seed=0, B=2, T=4):
@@ -38,6 +38,23 @@ def test_qk_norm_model_agrees_with_its_oracle(dtype):
     assert report.ok, "\n" + str(report)
     gains = {t.name for t in report.tensors if t.name.endswith((".gq", ".gk"))}
     assert len(gains) == 12                       # 2 blocks x 3 attention layers x (gq, gk)
+
+
+@pytest.mark.slow  # compiles the oracle for a new shape (about 10 s on a loaded machine)
+@pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=lambda d: np.dtype(d).name)
+def test_qk_norm_causal_self_attention_agrees_with_its_oracle(dtype):
+    """The model's QK-norm self-attention (the registered cross form with z = x, back through
+    mha_backward, which sums the stream's paths) with the decoder's causal mask: hand against
+    autodiff and finite differences at the registry row's sizes, T = 5 queries and keys."""
+    row = BY_NAME["qknorm-mhca"]
+    (x, _), params, _ = row.case(np.random.default_rng(3), dtype)
+    report = check_layer(M._qknorm_self_forward, mha_backward,
+                         lambda x, p, causal: reference.qknorm_mhca(x, x, p, causal=causal),
+                         [x], params, static={"causal": True}, name="qknorm-self-causal",
+                         input_names=("x",), axes={k: v for k, v in row.axes.items() if k != "z"},
+                         sizes={"B": 2, "T": 5, "D": 16, "H": 2, "P": 8}, policy=row.policy(dtype), seed=2)
+    assert report.ok, "\n" + str(report)
+    assert {t.name for t in report.tensors} >= {"x", "WQ", "WK", "gq", "gk"}
 
 
 def test_default_model_is_unchanged_and_gains_take_no_draw():
