@@ -43,7 +43,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 import numpy as np
 
@@ -107,9 +107,14 @@ def train_arm(config, position, warm, rate, seed, ckpt):
     return losses + [chance] * (config.epochs - len(losses))
 
 
-def init_gradients(config, blocks, seed, position):
+class AtInit(NamedTuple):
+    w2: np.ndarray     # (blocks,) |grad W2| of each decoder block's feed-forward layer
+    rms: float         # RMS of the decoder stream entering the head (post-norm: 1 by its norm)
+
+
+def init_gradients(config, blocks, seed, position) -> AtInit:
     """|grad W2| of every decoder block's feed-forward layer at the article's initialisation,
-    on one batch of the task: (blocks,)."""
+    on one batch of the task, and the RMS of the stream the head reads."""
     cfg = config.train_config(position, True, config.rates[0], seed)
     mcfg = dataclasses.replace(cfg.model_config(), blocks=blocks)
     dtype = np.dtype(config.dtype)
@@ -120,7 +125,10 @@ def init_gradients(config, blocks, seed, position):
                                    embedding=model.embedding_table(mcfg, dtype),
                                    norm_position=position)
     _, grads = model.model_backward(dtype.type(1), cache)
-    return np.array([float(np.linalg.norm(grads[f"dec{i}.ff.W2"])) for i in range(blocks)])
+    head = cache.decoder.head.norm                  # RmsNormCache pre-norm, None post-norm
+    rms = 1.0 if head is None else float(np.mean(1 / head.inv_rms))
+    return AtInit(np.array([float(np.linalg.norm(grads[f"dec{i}.ff.W2"])) for i in range(blocks)]),
+                  rms)
 
 
 def measure(config):
@@ -152,13 +160,13 @@ def deltas(m, config, rate):
 def slopes(m, config, position):
     """Per init seed, the least-squares slope of log |grad W2| against the decoder block index."""
     idx = np.arange(config.init_blocks, dtype=float)
-    return np.array([np.polyfit(idx, np.log(m["grads"][config.init_blocks, position, s]), 1)[0]
+    return np.array([np.polyfit(idx, np.log(m["grads"][config.init_blocks, position, s].w2), 1)[0]
                      for s in range(config.seed, config.seed + config.init_seeds)])
 
 
 def last_ratio(m, config, blocks):
     """Per init seed, log |grad W2| of the last decoder block, Post-LN minus Pre-LN."""
-    return np.log([m["grads"][blocks, "post", s][-1] / m["grads"][blocks, "pre", s][-1]
+    return np.log([m["grads"][blocks, "post", s].w2[-1] / m["grads"][blocks, "pre", s].w2[-1]
                    for s in range(config.seed, config.seed + config.init_seeds)])
 
 
@@ -214,14 +222,17 @@ def _tables(m, config):
                      "per seed": ", ".join(f"{v:.3g}" for v in final)})
     init = []
     for blocks, position in itertools.product((1, config.init_blocks), POSITIONS):
-        g = np.array([m["grads"][blocks, position, s]
-                      for s in range(config.seed, config.seed + config.init_seeds)])  # (seeds, blocks)
+        at = [m["grads"][blocks, position, s] for s in range(config.seed, config.seed + config.init_seeds)]
+        g = np.array([a.w2 for a in at])                                    # (seeds, blocks)
+        rms = common.mean_se([a.rms for a in at])
         mean, se = common.mean_se(g)
         slope = (f"{common.mean_se(slopes(m, config, position))[0]:.3g} ± "
                  f"{common.mean_se(slopes(m, config, position))[1]:.2g}") if blocks > 1 else ""
         init.append({"blocks per side": blocks, "position": position,
                      **{f"dec{i}.ff.W2": f"{mean[i]:.3g} ± {se[i]:.2g}" for i in range(blocks)},
-                     "slope of log |grad| per block": slope})
+                     "slope of log |grad| per block": slope,
+                     "RMS of the stream into the head": f"{rms[0]:.3g} ± {rms[1]:.2g}"
+                     if position == "pre" else "1 (its last norm)"})
     pairs = []
     for rate in config.rates:
         d_post, d_pre = deltas(m, config, rate)
@@ -254,7 +265,7 @@ def _charts(m, config, figures):
                      "valid loss (nats per token)", logy=True, legend="lower left")
     ax = axes[-1]
     idx = np.arange(config.init_blocks)
-    ratio = np.log([m["grads"][config.init_blocks, "post", s] / m["grads"][config.init_blocks, "pre", s]
+    ratio = np.log([m["grads"][config.init_blocks, "post", s].w2 / m["grads"][config.init_blocks, "pre", s].w2
                     for s in range(config.seed, config.seed + config.init_seeds)])  # (seeds, blocks)
     mean, se = common.mean_se(ratio)
     ax.errorbar(idx, np.exp(mean), yerr=[np.exp(mean) - np.exp(mean - 3 * se),

@@ -73,8 +73,13 @@ def test_initial_gradients_are_the_models(tiny):
     _, cache = model.model_forward(data[0, 0], data[0, 1], params, norm_position="post",
                                    embedding=model.embedding_table(mcfg, np.float32))
     _, grads = model.model_backward(np.float32(1), cache)
-    assert g == pytest.approx([np.linalg.norm(grads[f"dec{i}.ff.W2"]) for i in range(2)], rel=1e-6)
-    assert not np.allclose(g, study.init_gradients(TINY, 2, 0, "pre"))
+    assert g.w2 == pytest.approx([np.linalg.norm(grads[f"dec{i}.ff.W2"]) for i in range(2)], rel=1e-6)
+    pre = study.init_gradients(TINY, 2, 0, "pre")
+    assert not np.allclose(g.w2, pre.w2) and g.rms == 1.0
+    _, cache = model.model_forward(data[0, 0], data[0, 1], params,
+                                   embedding=model.embedding_table(mcfg, np.float32))
+    y = cache.decoder.head.norm.y / cache.decoder.head.norm.inv_rms       # the stream, back
+    assert pre.rms == pytest.approx(np.sqrt(np.mean(y * y, axis=-1)).mean(), rel=1e-4)
 
 
 def test_bad_config_names_the_field():
