@@ -36,7 +36,10 @@ depth effect (Pre-LN's gradient shrinks as its final norm divides by a stream th
 depth), and at one block with std 0.1 weights Pre-LN's final norm divides by an RMS below 1.
 
 Scale.  One block per side, D = 32, 128 steps: far from Xiong's 6-layer, 512-wide models trained
-for tens of thousands of steps; the rates at which each arm fails are the lab's, not theirs.
+for tens of thousands of steps; the rates at which each arm fails are the lab's, not theirs.  Four
+seeds keep ``all`` short; whether an arm stalls varies from seed to seed, so a verdict at 4 seeds
+is weak either way (``--rates 0.02 --seeds 12`` took 123 s on the shared, loaded 2-core
+machine; docs/studies.md reports it).
 """
 from __future__ import annotations
 
