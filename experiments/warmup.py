@@ -232,7 +232,8 @@ def _tables(m, config):
         slope = (f"{common.mean_se(slopes(m, config, position))[0]:.3g} ± "
                  f"{common.mean_se(slopes(m, config, position))[1]:.2g}") if blocks > 1 else ""
         init.append({"blocks per side": blocks, "position": position,
-                     **{f"dec{i}.ff.W2": f"{mean[i]:.3g} ± {se[i]:.2g}" for i in range(blocks)},
+                     **{f"dec{i}.ff.W2": f"{mean[i]:.3g} ± {se[i]:.2g}" if i < blocks else ""
+                        for i in range(config.init_blocks)},
                      "slope of log |grad| per block": slope,
                      "RMS of the stream into the head": f"{rms[0]:.3g} ± {rms[1]:.2g}"
                      if position == "pre" else "1 (its last norm)"})
@@ -279,6 +280,8 @@ def _charts(m, config, figures):
     common.label(ax, f"at initialisation, {config.init_blocks} blocks per side",
                  "decoder block (output side right)", "|grad W2|, Post-LN / Pre-LN", logy=True,
                  legend="upper left")
+    for axis in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):  # a narrow log range
+        axis(common.pyplot().FormatStrFormatter("%.2g"))
     common.save(fig, NAME, "warmup.png",
                 f"Valid loss per epoch of the lab's training run ({config.max_tokens}-token "
                 f"palindromes, {config.epochs} × {config.steps} steps) for Pre-LN (blue) and "
