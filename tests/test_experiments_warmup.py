@@ -11,7 +11,7 @@ from kernels import model
 
 pytestmark = pytest.mark.usefixtures("study_sandbox")
 
-TINY = study.Config(max_tokens=4, batch=8, batches=6, epochs=2, steps=3, warmup=2, seeds=2,
+TINY = study.Config(max_tokens=4, batch=8, batches=6, epochs=1, steps=3, warmup=2, seeds=2,
                     rates=(1e-2,), init_blocks=2, init_seeds=2)
 
 
