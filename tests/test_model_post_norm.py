@@ -131,3 +131,27 @@ def test_a_wrong_post_norm_backward_is_caught():
     assert {t.name for t in failing} == {k for k in M.param_shapes(M.ModelConfig(
         D=6, H=2, F=8, V=4, blocks=2)) if k.startswith("enc0.")}, "\n" + str(report)
     assert all(t.verdict.kind is Kind.HAND_WRONG for t in failing), "\n" + str(report)
+
+
+@pytest.mark.slow  # screens every stage of the model against its oracle (many small compiles)
+def test_bisection_of_the_post_norm_model_names_the_planted_stage():
+    """The stages carry norm_position="post" as a static argument, so the bisection's oracles,
+    looked up by the stage's kind, are the post-norm ones: a clean post-norm model bisects clean,
+    and the slip planted in dec1.ff alone is named."""
+    import jax.numpy as jnp
+
+    import reference
+    from checks.bisection import bisect, model_tape
+    from kernels.feedforward import ff_backward as ff_b
+    (src, tgt), params, static = BY_NAME["model"].case(np.random.default_rng(5), np.float64)
+    dloss = float(np.random.default_rng(6).standard_normal())
+    oracle = lambda probes: reference.model(src, tgt, {k: jnp.asarray(v) for k, v in params.items()},
+                                            probes=probes, norm_position="post", **static)
+    found = {}
+    for planted in ({}, {"dec1.ff": functools.partial(bypass_backward, layer_backward=ff_b)}):
+        tape = model_tape(planted)
+        _, cache = M.model_forward(src, tgt, params, tape=tape, norm_position="post", **static)
+        M.model_backward(np.float64(dloss), cache)
+        found[bool(planted)] = bisect(tape, oracle, dloss, explain=False)
+    assert found[False].ok, "\n" + str(found[False])
+    assert found[True].culprit == "dec1.ff", "\n" + str(found[True])
