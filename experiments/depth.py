@@ -23,8 +23,9 @@ independent of L (its final norm fixes the scale: an Identity).  Gradients acros
 layer index and a Pre-LN block's stays about the same; per trial the slope of log |grad_l| (all
 of block l's parameters, the deepest stack) against l, tested as inequalities: Post-LN's slope
 above 0 and above Pre-LN's (each beyond 3 SE).  Xiong et al.'s other finding, that Post-LN needs
-a learning-rate warm-up, is not tested: the lab's model is pre-norm only, and these stacks are not
-trained.  Rank collapse (the mean cosine between tokens) is drawn for every variant; its rate is
+a learning-rate warm-up, is the warmup study's (experiments/warmup.py): the lab's model trained
+with norm_position "pre" and "post", with and without warm-up; these stacks are not trained.
+Rank collapse (the mean cosine between tokens) is drawn for every variant; its rate is
 the rank_collapse study's subject.
 
 Init (stated, as Xiong's lemma assumes Xavier-like weights): every weight N(0, 1/fan_in) -- W_Q,

@@ -48,12 +48,14 @@ def run(config: Config):
     mcfg = model.config_of(params)
     table = model.embedding_table(mcfg, params["out.W"].dtype)
     task, T = saved.config["task"], saved.config["max_tokens"]
+    position = saved.config.get("norm_position", "pre")   # checkpoints from before the option: pre
     src = parse_requests(config.requests) if config.requests else tasks.requests(task, T)
     gen = model.generate(src, params, embedding=table, max_new=config.max_new or None,
-                         pad=None if config.pad < 0 else config.pad)
+                         pad=None if config.pad < 0 else config.pad, norm_position=position)
     try:
         tasks.get(task).check_tokens(src.shape[1])
-        rows = answer(params, table, src, task) if config.max_new == 0 and config.pad < 0 else None
+        rows = (answer(params, table, src, task, position)
+                if config.max_new == 0 and config.pad < 0 else None)
     except ValueError:   # a length the task cannot grade (e.g. odd for palindromes)
         rows = None
     if rows is None:

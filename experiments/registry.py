@@ -34,6 +34,7 @@ ENTRIES = (
     Entry("train", "experiments.train", seconds=25.3),
     Entry("generate", "experiments.generate", seconds=0.2, after=("train",)),  # reads train's checkpoint
     Entry("schedule", "experiments.schedule", seconds=78.3),  # the article's protocol over seeds
+    Entry("warmup", "experiments.warmup", seconds=25.0),     # Pre-/Post-LN with and without warm-up
     Entry("pointer", "experiments.pointer", in_all=False),     # exercise runs of their own:
                                                                # they keep `all` short
     Entry("length", "experiments.length", in_all=False),

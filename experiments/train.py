@@ -42,7 +42,8 @@ NAME = "train"
 @dataclasses.dataclass(frozen=True)
 class Config:
     CHOICES: ClassVar[dict] = {"task": lambda: sorted(tasks.TASKS), "schedule": tuple(SCHEDULES),
-                               "dtype": FORMATS, "loss_scale": ("auto",) + loss_scale.KINDS}
+                               "dtype": FORMATS, "loss_scale": ("auto",) + loss_scale.KINDS,
+                               "norm_position": model.NORM_POSITIONS}
     task: str = "palindrome"     # the synthetic task (docs/tasks.md shows how to add one)
     max_tokens: int = 16         # T, tokens per sequence
     batches: int = 256           # batches of data drawn (train and valid together)
@@ -70,6 +71,7 @@ class Config:
     resume: bool = False         # continue from the checkpoint
     debug: bool = False          # stop at the first non-finite value, naming layer and step
     qk_norm: bool = False        # QK-norm with learned gains in every attention layer (kernels/model.py)
+    norm_position: str = "pre"   # pre: x + layer(norm(x)) (the article's); post: norm(x + layer(x))
 
     def __post_init__(self):
         tasks.get(self.task).check_tokens(self.max_tokens)
@@ -104,7 +106,8 @@ class Config:
             raise ValueError(f"d_model: the orthogonal embeddings need V = {tasks.DIGITS + 2} <= "
                              f"d_model, got d_model = {self.d_model}")
         return model.ModelConfig(D=self.d_model, H=self.heads, F=self.ff_mult * self.d_model,
-                                 V=tasks.DIGITS + 2, blocks=self.blocks, qk_norm=self.qk_norm)
+                                 V=tasks.DIGITS + 2, blocks=self.blocks, qk_norm=self.qk_norm,
+                                 norm_position=self.norm_position)
 
     def formats(self):
         """(compute, store): the format of the forward and backward, and the one the parameters
@@ -165,10 +168,11 @@ def rate_and_t(config, epoch, i):
     return schedule(step, total, config.start_rate, config.finish_rate, config.warmup), step + 1
 
 
-def evaluate(params, data, embedding):
+def evaluate(params, data, embedding, norm_position="pre"):
     """Mean loss over batches (B, 2, batch, T), without dropout.  The mean runs in float64 on
     Python floats: a bfloat16 sum of 85 losses would keep only 8 significant bits."""
-    return float(np.mean([float(model.model_forward(b[0], b[1], params, embedding=embedding)[0])
+    return float(np.mean([float(model.model_forward(b[0], b[1], params, embedding=embedding,
+                                                    norm_position=norm_position)[0])
                           for b in data]))
 
 
@@ -203,7 +207,7 @@ def train_step(state: TrainState, work: dict, src, tgt, rate, t, *, config: Conf
     gradients are not finite.  Returns (new state, new work, the step's record)."""
     compute, store = config.formats()
     loss, cache = model.model_forward(src, tgt, work, embedding=embedding, dropout=config.dropout,
-                                      rng=rng, watch=watch)
+                                      rng=rng, watch=watch, norm_position=config.norm_position)
     if not np.isfinite(loss):
         raise NonFiniteError(f"the loss became non-finite at step {step}; rerun with --debug to "
                              f"find the layer")
@@ -295,7 +299,8 @@ def fit(config: Config, ckpt_path, *, on_epoch: Callable | None = None, params=N
                                                      step=step, rng=drop_rng, watch=watch)
                     steps.append({"step": step, "epoch": epoch + 1, **record})
                     bar.update(1)
-                row = _epoch_row(epoch, steps[first:], evaluate(work, valid, embedding),
+                row = _epoch_row(epoch, steps[first:],
+                                 evaluate(work, valid, embedding, config.norm_position),
                                  state.scale, time.perf_counter() - start)
                 history.append(row)
                 _save(ckpt_path, state, epoch + 1, config, history)
@@ -342,9 +347,9 @@ def show(tokens):
     return " ".join(names.get(int(t), str(int(t))) for t in tokens)
 
 
-def answer(params, embedding, src, task_name):
+def answer(params, embedding, src, task_name, norm_position="pre"):
     """Greedy answers for src (n, T): rows of (request, answer tokens, correct?)."""
-    gen = model.generate(src, params, embedding=embedding)
+    gen = model.generate(src, params, embedding=embedding, norm_position=norm_position)
     expected = tasks.get(task_name).target(src)
     rows = []
     for s, out, want in zip(src, gen.tokens[:, 1:], expected):
@@ -385,7 +390,8 @@ def train_and_report(config: Config, name: str, *, requests=None, expected_valid
         plot_history(result.history, result.steps, out / "loss.png",
                      f"{config.task}, T = {config.max_tokens}, {config.schedule} schedule")
     src = tasks.requests(config.task, config.max_tokens) if requests is None else requests
-    rows = answer(as_format(result.params, config.formats()[0]), result.embedding, src, config.task)
+    rows = answer(as_format(result.params, config.formats()[0]), result.embedding, src, config.task,
+                  config.norm_position)
     text = format_answers(rows)
     common.atomic_write_text(out / "answers.txt", text + "\n")
     final = result.history[-1]["valid_loss"]

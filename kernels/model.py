@@ -50,6 +50,14 @@ from kernels.positional import posenc_backward, posenc_forward
 
 # --- configuration and parameters --------------------------------------------------------
 
+# Where each residual stage normalises.  "pre" (the article's): x + layer(norm(x)), and a final
+# norm before the output layer.  "post" (the original Transformer's, Xiong et al. 2020's Post-LN):
+# norm(x + layer(x)), and no final norm, as in Xiong et al.'s Post-LN: the stream leaving the last
+# stage is already normalised.  Both use the lab's parameter-free RMS norm, not a layer norm with
+# gain and bias.  The parameters are the same in both, so the position is an argument of
+# model_forward and generate, not read from the parameter dict.
+NORM_POSITIONS = ("pre", "post")
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
     """Sizes of the model (the article's defaults).  Parameters do not depend on the length T."""
@@ -59,6 +67,7 @@ class ModelConfig:
     V: int = 12       # vocabulary: V - 2 data tokens, then Start and Finish
     blocks: int = 1   # blocks per side (encoder and decoder each)
     qk_norm: bool = False  # QK-norm with learned gains in every attention layer
+    norm_position: str = "pre"  # "pre": x + layer(norm(x)); "post": norm(x + layer(x)) (NORM_POSITIONS)
 
     def __post_init__(self):
         for name in ("D", "H", "F", "V", "blocks"):
@@ -75,6 +84,9 @@ class ModelConfig:
             raise ValueError(f"V: orthogonal embeddings need V <= D, got V = {self.V} > D = {self.D}")
         if not isinstance(self.qk_norm, (bool, numpy.bool_)):
             raise TypeError(f"qk_norm: expected True or False, got {self.qk_norm!r}")
+        if self.norm_position not in NORM_POSITIONS:
+            raise ValueError(f"norm_position: expected one of {', '.join(NORM_POSITIONS)}, "
+                             f"got {self.norm_position!r}")
 
     @property
     def start(self) -> int:
@@ -209,6 +221,33 @@ def pre_norm_residual_backward(dout, cache, *, layer_backward):
     return dx if dextra is None else (dx, dextra), grads
 
 
+class PostNormCache(NamedTuple):
+    layer: object  # the layer's own cache
+    norm: object   # RmsNormCache of the residual sum x + layer(x)
+
+
+def post_norm_residual(x, *extra_and_params, layer_forward, norm_position="post", **static):
+    """norm(x + layer(x, *extra)): the post-norm residual step (Xiong et al. 2020's Post-LN), a
+    stage of the model.  x: (B, T, D) -> (B, T, D); extra: cross-attention's Z (B, S, D).
+    ``norm_position`` is part of the stage's static arguments so that an oracle looked up by the
+    stage's kind (checks.bisection) sees it too; here it can only be "post"."""
+    if norm_position != "post":
+        raise ValueError(f"norm_position: the post-norm stage expects 'post', got {norm_position!r}")
+    *extra, params = extra_and_params
+    y, layer_cache = layer_forward(x, *extra, params, **static)          # (B, T, D)
+    out, norm_cache = rms_norm_forward(x + y, {})                        # (B, T, D)
+    return out, PostNormCache(layer_cache, norm_cache)
+
+
+def post_norm_residual_backward(dout, cache, *, layer_backward):
+    """Through the norm first, then the layer plus the residual path: (dx or (dx, dextra), grads)."""
+    ds, _ = rms_norm_backward(dout, cache.norm)                          # (B, T, D) d(x + layer(x))
+    dinputs, grads = layer_backward(ds, cache.layer)
+    dx, dextra = dinputs if isinstance(dinputs, tuple) else (dinputs, None)  # cross-attention: (dx, dz)
+    dx = dx + ds                        # residual: both paths add (a new array: dx may be the layer's)
+    return dx if dextra is None else (dx, dextra), grads
+
+
 def _stage(tape, name, forward, backward, inputs, params, watch=None, **static):
     """One named stage through the tape; watch sees its output.  Returns (out, cache)."""
     out, cache = tape.forward(name, forward, backward, tuple(inputs), params, static)
@@ -224,8 +263,12 @@ def _stage_backward(tape, name, backward, dout, cache, grads, watch=None):
     return dinputs
 
 
-def sublayer_pair(layer):
-    """(forward, backward) of the pre-norm residual step around layer = (forward, backward)."""
+def sublayer_pair(layer, norm_position="pre"):
+    """(forward, backward) of the pre- or post-norm residual step around layer = (forward,
+    backward)."""
+    if norm_position == "post":
+        return (functools.partial(post_norm_residual, layer_forward=layer[0]),
+                functools.partial(post_norm_residual_backward, layer_backward=layer[1]))
     return (functools.partial(pre_norm_residual, layer_forward=layer[0]),
             functools.partial(pre_norm_residual_backward, layer_backward=layer[1]))
 
@@ -236,30 +279,39 @@ def _qknorm_self_forward(x, params, *, causal=False):
     return qknorm_mhca_forward(x, x, params, causal=causal)
 
 
-def _pair(name, qk_norm=False):
+def _pair(name, qk_norm=False, norm_position="pre"):
     """The kernel pair of the sublayer stage named name (``dec0.cross`` -> cross's); qk_norm
     picks the QK-norm forwards (the attention backwards serve both: they go back through the
     norm when the cache holds one).  The kernels are looked up when the stage runs, so a
     profiler that wraps this module's kernels (experiments.shares) sees every call."""
     kind = name.rsplit(".", 1)[1]
     if kind == "cross":
-        return sublayer_pair((qknorm_mhca_forward if qk_norm else mhca_forward, mhca_backward))
+        return sublayer_pair((qknorm_mhca_forward if qk_norm else mhca_forward, mhca_backward),
+                             norm_position)
     if kind == "ff":
-        return sublayer_pair((ff_forward, ff_backward))
-    return sublayer_pair((_qknorm_self_forward if qk_norm else mha_forward,
-                          mha_backward))                     # attn (encoder), self (decoder)
+        return sublayer_pair((ff_forward, ff_backward), norm_position)
+    return sublayer_pair((_qknorm_self_forward if qk_norm else mha_forward, mha_backward),
+                         norm_position)                      # attn (encoder), self (decoder)
+
+
+def _position(config):
+    """The stages' static argument for the norm position: none for the default "pre" (the
+    stages are called as before the option existed), {"norm_position": "post"} otherwise."""
+    return {} if config.norm_position == "pre" else {"norm_position": config.norm_position}
 
 
 def _sublayer(tape, x, name, params, extra=(), watch=None, **static):
-    """The pre-norm residual stage named name (``dec0.cross``) through the tape."""
+    """The residual stage named name (``dec0.cross``) through the tape; pre-norm unless static
+    says ``norm_position="post"``."""
     layer_params = sub(params, name + ".")
-    forward, backward = _pair(name, "gq" in layer_params)
+    forward, backward = _pair(name, "gq" in layer_params, static.get("norm_position", "pre"))
     return _stage(tape, name, forward, backward, (x, *extra), layer_params, watch, **static)
 
 
 def _sublayer_backward(tape, dx, name, cache, grads, watch=None):
     """Back through the stage named name: (dx, dextra or None)."""
-    dinputs = _stage_backward(tape, name, _pair(name)[1], dx, cache, grads, watch)
+    position = "post" if isinstance(cache, PostNormCache) else "pre"
+    dinputs = _stage_backward(tape, name, _pair(name, position)[1], dx, cache, grads, watch)
     return dinputs if isinstance(dinputs, tuple) else (dinputs, None)
 
 
@@ -276,14 +328,17 @@ class EncoderCache(NamedTuple):
 
 def encode(src, params, *, embedding, watch=None, config=None, tape=DIRECT):
     """Z = encoder(src).  src: (B, S) ids -> (B, S, D), no final norm (as in the article).
-    ``config``: the sizes when the caller has already validated params with config_of."""
+    ``config``: the sizes (and norm_position) when the caller has already validated params with
+    config_of; without it the model is pre-norm."""
     config = config or config_of(params)
     dtype, xp = params["out.W"].dtype, array_module(params["out.W"])
     x = _embed(src, embedding, config, dtype, xp)                                  # (B, S, D)
     blocks = []
+    position = _position(config)
     for i in range(config.blocks):
-        x, attn = _sublayer(tape, x, f"enc{i}.attn", params, watch=watch)          # (B, S, D)
-        x, ff = _sublayer(tape, x, f"enc{i}.ff", params, watch=watch)              # (B, S, D)
+        x, attn = _sublayer(tape, x, f"enc{i}.attn", params, watch=watch,
+                            **position)                                            # (B, S, D)
+        x, ff = _sublayer(tape, x, f"enc{i}.ff", params, watch=watch, **position)  # (B, S, D)
         blocks.append(EncoderBlockCache(attn, ff))
     return x, EncoderCache(tuple(blocks))
 
@@ -308,15 +363,16 @@ class DecoderBlockCache(NamedTuple):
 
 
 class HeadCache(NamedTuple):
-    norm: object     # RmsNormCache of the decoder stream
+    norm: object     # RmsNormCache of the decoder stream, or None post-norm (no final norm)
     dropout: object  # DropoutCache, or None without dropout
     out: object      # LinearCache of the output projection
 
 
-def head_forward_pass(y, params, *, dropout=0.0, dropout_mask=None):
-    """The ``out`` stage: logits = Out(dropout(norm(y))).  y: (B, T+1, D) -> (B, T+1, V);
-    params: W (D, V), b (V,); dropout_mask (B, T+1, D) when dropout > 0."""
-    n, norm = rms_norm_forward(y, {})                                                # (B, T+1, D)
+def head_forward_pass(y, params, *, dropout=0.0, dropout_mask=None, norm_position="pre"):
+    """The ``out`` stage: logits = Out(dropout(norm(y))), or Out(dropout(y)) post-norm, whose
+    stream is already normalised (Xiong et al.'s Post-LN has no final norm).  y: (B, T+1, D) ->
+    (B, T+1, V); params: W (D, V), b (V,); dropout_mask (B, T+1, D) when dropout > 0."""
+    n, norm = (y, None) if norm_position == "post" else rms_norm_forward(y, {})      # (B, T+1, D)
     drop = None
     if dropout:
         n, drop = dropout_forward(n, {}, rate=dropout, mask=dropout_mask)             # (B, T+1, D)
@@ -329,6 +385,8 @@ def head_backward_pass(dlogits, cache, *, out_backward=linear_backward):
     dn, grads = out_backward(dlogits, cache.out)                                      # (B, T+1, D)
     if cache.dropout is not None:
         dn, _ = dropout_backward(dn, cache.dropout)                                  # (B, T+1, D)
+    if cache.norm is None:                                                           # post-norm
+        return dn, grads
     dy, _ = rms_norm_backward(dn, cache.norm)                                        # (B, T+1, D)
     return dy, grads
 
@@ -341,7 +399,8 @@ class DecoderCache(NamedTuple):
 def decode(y_in, z, params, *, embedding, dropout=0.0, dropout_mask=None, rng=None, watch=None,
            config=None, tape=DIRECT):
     """Logits for every decoder position.  y_in: (B, T+1) ids starting with Start; z: (B, S, D)
-    -> (B, T+1, V).  The same function serves training (teacher forcing) and generation."""
+    -> (B, T+1, V).  The same function serves training (teacher forcing) and generation.
+    ``config``: as for encode (its norm_position too)."""
     config = config or config_of(params)
     dtype, xp = params["out.W"].dtype, array_module(params["out.W"])
     check_float("z", z, ndim=3)
@@ -349,21 +408,23 @@ def decode(y_in, z, params, *, embedding, dropout=0.0, dropout_mask=None, rng=No
         raise ValueError(f"z: expected ({y_in.shape[0]}, S, {config.D}) of dtype {dtype}, "
                          f"got {tuple(z.shape)} of {z.dtype}")
     y = _embed(y_in, embedding, config, dtype, xp)                                  # (B, T+1, D)
+    position = _position(config)
     blocks = []
     for i in range(config.blocks):
         y, self_attn = _sublayer(tape, y, f"dec{i}.self", params, watch=watch,
-                                 causal=True)                                       # (B, T+1, D)
-        y, cross = _sublayer(tape, y, f"dec{i}.cross", params, (z,), watch)          # (B, T+1, D)
-        y, ff = _sublayer(tape, y, f"dec{i}.ff", params, watch=watch)               # (B, T+1, D)
+                                 causal=True, **position)                           # (B, T+1, D)
+        y, cross = _sublayer(tape, y, f"dec{i}.cross", params, (z,), watch,
+                             **position)                                            # (B, T+1, D)
+        y, ff = _sublayer(tape, y, f"dec{i}.ff", params, watch=watch, **position)   # (B, T+1, D)
         blocks.append(DecoderBlockCache(self_attn, cross, ff))
-    static = {}
+    static = dict(position)
     if dropout:
         if (dropout_mask is None) == (rng is None):
             raise ValueError("dropout: give exactly one of dropout_mask= (boolean array) or "
                              "rng= (Generator)")
         if dropout_mask is None:  # drawn here, so that the stage is a function of its inputs
             dropout_mask = draw_mask(y.shape, dropout, rng)                          # (B, T+1, D)
-        static = {"dropout": dropout, "dropout_mask": dropout_mask}
+        static.update(dropout=dropout, dropout_mask=dropout_mask)
     logits, head = _stage(tape, "out", head_forward_pass, head_backward_pass, (y,),
                           sub(params, "out."), watch, **static)                      # (B, T+1, V)
     return logits, DecoderCache(tuple(blocks), head)
@@ -404,13 +465,13 @@ def teacher_forcing(tgt, config, xp):
 
 
 def model_forward(src, tgt, params, *, embedding, dropout=0.0, dropout_mask=None, rng=None,
-                  watch: Callable | None = None, tape=DIRECT):
+                  watch: Callable | None = None, tape=DIRECT, norm_position="pre"):
     """Training loss of the whole model.  src: (B, S) ids; tgt: (B, T) ids; params as
     ``init_params``; embedding: the fixed (V, D) table.  Dropout (rate ``dropout``) zeroes entries
     of the final-normalised decoder stream before the output layer, with ``dropout_mask`` (B, T+1, D)
     or a seeded Generator ``rng``.  ``tape``: what runs the stages (``checks.bisection.Tape`` records
-    them).  Returns (loss, cache)."""
-    config = config_of(params)
+    them).  ``norm_position``: "pre" or "post" (NORM_POSITIONS).  Returns (loss, cache)."""
+    config = dataclasses.replace(config_of(params), norm_position=norm_position)
     check_ids("src", src, config.V)
     check_ids("tgt", tgt, config.V)
     if src.ndim != 2 or tgt.ndim != 2 or src.shape[0] != tgt.shape[0]:
@@ -448,11 +509,12 @@ class Generated(NamedTuple):
     steps: int      # decoder steps run (fewer than max_new when every sequence finished early)
 
 
-def generate(src, params, *, embedding, max_new=None, pad=None):
+def generate(src, params, *, embedding, max_new=None, pad=None, norm_position="pre"):
     """Greedy decoding: encode once, start from [Start], append the argmax of the last position.
     Stops as soon as every sequence has produced Finish; later positions of a finished sequence
-    hold ``pad`` (Finish by default).  ``max_new`` defaults to S + 1 (S tokens and Finish)."""
-    config = config_of(params)
+    hold ``pad`` (Finish by default).  ``max_new`` defaults to S + 1 (S tokens and Finish).
+    ``norm_position``: the model's, as in model_forward."""
+    config = dataclasses.replace(config_of(params), norm_position=norm_position)
     check_ids("src", src, config.V)
     if src.ndim != 2:
         raise ValueError(f"src: expected rank 2 (B, S), got shape {tuple(src.shape)}")

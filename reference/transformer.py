@@ -35,29 +35,44 @@ def _norm(x):
     return as_layer("rms_norm", lambda x: layers.rms_norm(x, {}), x)
 
 
-def attention_sublayer(x, params, *, causal=False):
-    """The stage x + MHA(norm(x)) (enc*.attn, dec*.self); with QK-norm gains in params, the
-    QK-norm attention of the stream with itself."""
+def _residual(x, layer, norm_position):
+    """x + layer(norm(x)) pre-norm (the article's), norm(x + layer(x)) post-norm (Xiong et al.
+    2020's Post-LN)."""
+    if norm_position == "post":
+        return _norm(x + layer(x))
+    if norm_position != "pre":
+        raise ValueError(f"norm_position: expected 'pre' or 'post', got {norm_position!r}")
+    return x + layer(_norm(x))
+
+
+def attention_sublayer(x, params, *, causal=False, norm_position="pre"):
+    """The stage x + MHA(norm(x)) (enc*.attn, dec*.self); post-norm: norm(x + MHA(x)).  With
+    QK-norm gains in params, the QK-norm attention of the stream with itself."""
     if "gq" in params:
-        return x + as_layer("qknorm_mhca", lambda n, p: layers.qknorm_mhca(n, n, p, causal=causal),
-                            _norm(x), params)
-    return x + as_layer("mha", lambda n, p: layers.mha(n, p, causal=causal), _norm(x), params)
+        return _residual(x, lambda n: as_layer(
+            "qknorm_mhca", lambda n, p: layers.qknorm_mhca(n, n, p, causal=causal), n, params),
+            norm_position)
+    return _residual(x, lambda n: as_layer("mha", lambda n, p: layers.mha(n, p, causal=causal),
+                                           n, params), norm_position)
 
 
-def cross_sublayer(x, z, params):
-    """The stage x + MHCA(norm(x), Z) (dec*.cross), QK-norm when params hold its gains."""
+def cross_sublayer(x, z, params, *, norm_position="pre"):
+    """The stage x + MHCA(norm(x), Z) (dec*.cross); post-norm: norm(x + MHCA(x, Z)); QK-norm
+    when params hold its gains."""
     layer = layers.qknorm_mhca if "gq" in params else layers.mhca
-    return x + as_layer(layer.__name__, lambda n, z, p: layer(n, z, p), _norm(x), z, params)
+    return _residual(x, lambda n: as_layer(layer.__name__, lambda n, z, p: layer(n, z, p), n, z,
+                                           params), norm_position)
 
 
-def ff_sublayer(x, params):
-    """The stage x + FF(norm(x)) (enc*.ff, dec*.ff)."""
-    return x + as_layer("ff", layers.ff, _norm(x), params)
+def ff_sublayer(x, params, *, norm_position="pre"):
+    """The stage x + FF(norm(x)) (enc*.ff, dec*.ff); post-norm: norm(x + FF(x))."""
+    return _residual(x, lambda n: as_layer("ff", layers.ff, n, params), norm_position)
 
 
-def head(y, params, *, dropout=0.0, dropout_mask=None):
-    """The stage ``out``: logits = Out(dropout(norm(y)))."""
-    n = _norm(y)
+def head(y, params, *, dropout=0.0, dropout_mask=None, norm_position="pre"):
+    """The stage ``out``: logits = Out(dropout(norm(y))); post-norm Out(dropout(y)), with no
+    final norm (the stream is already normalised, as in Xiong et al.'s Post-LN)."""
+    n = y if norm_position == "post" else _norm(y)
     if dropout:
         n = as_layer("dropout", lambda n, m: layers.dropout(n, {}, rate=dropout, mask=m), n,
                      dropout_mask)
@@ -70,44 +85,52 @@ def probe(probes, name, value):
     return value + probes[name] if probes and name in probes else value
 
 
-def encoder(src, params, *, embedding, probes=None):
+def encoder(src, params, *, embedding, probes=None, norm_position="pre"):
     x = _stream(src, params, embedding)
+    pos = {"norm_position": norm_position}
     for i in range(_blocks(params)):
-        x = probe(probes, f"enc{i}.attn", attention_sublayer(x, _layer(params, f"enc{i}.attn.")))
-        x = probe(probes, f"enc{i}.ff", ff_sublayer(x, _layer(params, f"enc{i}.ff.")))
+        x = probe(probes, f"enc{i}.attn",
+                  attention_sublayer(x, _layer(params, f"enc{i}.attn."), **pos))
+        x = probe(probes, f"enc{i}.ff", ff_sublayer(x, _layer(params, f"enc{i}.ff."), **pos))
     return x
 
 
-def decoder(y_in, z, params, *, embedding, dropout=0.0, dropout_mask=None, probes=None):
+def decoder(y_in, z, params, *, embedding, dropout=0.0, dropout_mask=None, probes=None,
+            norm_position="pre"):
     y = _stream(y_in, params, embedding)
+    pos = {"norm_position": norm_position}
     for i in range(_blocks(params)):
         y = probe(probes, f"dec{i}.self",
-                  attention_sublayer(y, _layer(params, f"dec{i}.self."), causal=True))
-        y = probe(probes, f"dec{i}.cross", cross_sublayer(y, z, _layer(params, f"dec{i}.cross.")))
-        y = probe(probes, f"dec{i}.ff", ff_sublayer(y, _layer(params, f"dec{i}.ff.")))
+                  attention_sublayer(y, _layer(params, f"dec{i}.self."), causal=True, **pos))
+        y = probe(probes, f"dec{i}.cross",
+                  cross_sublayer(y, z, _layer(params, f"dec{i}.cross."), **pos))
+        y = probe(probes, f"dec{i}.ff", ff_sublayer(y, _layer(params, f"dec{i}.ff."), **pos))
     return probe(probes, "out", head(y, _layer(params, "out."), dropout=dropout,
-                                     dropout_mask=dropout_mask))
+                                     dropout_mask=dropout_mask, **pos))
 
 
 def model(src, tgt, params, *, embedding, dropout=0.0, dropout_mask=None, rng=None, watch=None,
-          probes=None):
+          probes=None, norm_position="pre"):
     """Mean cross-entropy of decoder(Start + tgt) against tgt + Finish.  rng and watch are
     accepted for the kernel's signature; the oracle needs the dropout mask itself.  ``probes``
     (stage name -> array of the stage's output shape) are added to the stages' outputs.
-    Compiled with jax.jit as one program: op by op, the first gradient of a new shape spends
-    most of its time compiling each of the few hundred small operations."""
-    return _model(src, tgt, params, embedding, float(dropout), dropout_mask, probes)
+    ``norm_position``: "pre" (the article's) or "post" (every stage norm(x + layer(x)), no final
+    norm).  Compiled with jax.jit as one program: op by op, the first gradient of a new shape
+    spends most of its time compiling each of the few hundred small operations."""
+    return _model(src, tgt, params, embedding, float(dropout), dropout_mask, probes,
+                  str(norm_position))
 
 
-@functools.partial(jax.jit, static_argnames=("dropout",))
-def _model(src, tgt, params, embedding, dropout, dropout_mask, probes):
+@functools.partial(jax.jit, static_argnames=("dropout", "norm_position"))
+def _model(src, tgt, params, embedding, dropout, dropout_mask, probes, norm_position):
     V = params["out.W"].shape[1]
     tgt = jnp.asarray(tgt)
     B = tgt.shape[0]
     y_in = jnp.concatenate([jnp.full((B, 1), V - 2, tgt.dtype), tgt], axis=1)
     y_out = jnp.concatenate([tgt, jnp.full((B, 1), V - 1, tgt.dtype)], axis=1)
-    z = encoder(jnp.asarray(src), params, embedding=embedding, probes=probes)
+    z = encoder(jnp.asarray(src), params, embedding=embedding, probes=probes,
+                norm_position=norm_position)
     logits = decoder(y_in, z, params, embedding=embedding, dropout=dropout,
-                     dropout_mask=dropout_mask, probes=probes)
+                     dropout_mask=dropout_mask, probes=probes, norm_position=norm_position)
     loss = as_layer("cross_entropy", lambda l, t: layers.cross_entropy(l, t, {}), logits, y_out)
     return probe(probes, "loss", loss)

