@@ -311,7 +311,8 @@ def _sublayer(tape, x, name, params, extra=(), watch=None, **static):
 def _sublayer_backward(tape, dx, name, cache, grads, watch=None):
     """Back through the stage named name: (dx, dextra or None)."""
     position = "post" if isinstance(cache, PostNormCache) else "pre"
-    dinputs = _stage_backward(tape, name, _pair(name, position)[1], dx, cache, grads, watch)
+    dinputs = _stage_backward(tape, name, _pair(name, norm_position=position)[1], dx, cache, grads,
+                              watch)
     return dinputs if isinstance(dinputs, tuple) else (dinputs, None)
 
 
