@@ -93,19 +93,6 @@ def test_the_gains_carry_the_logit_scale():
                                rtol=1e-12, atol=1e-12 * np.abs(logits).max())
 
 
-@pytest.mark.slow  # compiles the model's oracle and rounding model (about 40 s of CPU)
-def test_qk_norm_post_norm_model_agrees_with_its_oracle():
-    """Both model options together (QK-norm in every attention layer, every stage post-norm):
-    the hand gradients against the oracle with the same options, in float64."""
-    _, params, static, src, tgt = qk_case(np.float64)
-    report = check_layer(M.model_forward, M.model_backward, reference.model, [src, tgt], params,
-                         static={**static, "norm_position": "post"}, name="model-qk-post",
-                         input_names=("src", "tgt"), policy=BY_NAME["model"].policy(np.float64),
-                         seed=2)
-    assert report.ok, "\n" + str(report)
-    assert sum(t.name.endswith((".gq", ".gk")) for t in report.tensors) == 12
-
-
 @pytest.mark.slow  # compiles the oracle's gradient of the model four times (about 10 s each)
 @pytest.mark.parametrize("qk_norm", [False, True], ids=["plain", "qk-norm"])
 @pytest.mark.parametrize("norm_position", ["pre", "post"])
