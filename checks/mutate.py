@@ -65,6 +65,7 @@ PATTERNS = (
     ("skip connection", "skip dropped"),
     ("ignores a static argument", "static ignored"),
     ("missing the path through", "path missing"),
+    ("is off by a factor per", "path off per slice"),
     ("has the wrong sign", "path sign"),
     ("is scaled by", "path scaled"),
     ("other operand", "wrong operand"),
