@@ -371,11 +371,7 @@ def _static_ignored(name, g, ref, ctx, fit):
 
 def _paths(name, g, ref, ctx, fit):
     """The sparse set of the oracle's paths whose contributions explain g - ref."""
-    got = ctx.paths(name) if ctx.paths is not None else None
-    if got is None:
-        return ""
-    columns, sites = got
-    found = fit_paths(g - ref, columns, sites, ref, fit)
+    columns, sites, found = _fitted(fit_paths, name, g, ref, ctx, fit)
     if found is None:
         return ""
     rel = max(fit, 1e-6)
@@ -386,15 +382,20 @@ def _paths(name, g, ref, ctx, fit):
     return "; ".join(phrases)
 
 
+def _fitted(fitter, name, g, ref, ctx, fit):
+    """(columns, sites, what fitter found in g - ref or None) from the oracle's paths."""
+    got = ctx.paths(name) if ctx.paths is not None else None
+    if got is None:
+        return None, None, None
+    columns, sites = got
+    return columns, sites, fitter(g - ref, columns, sites, ref, fit)
+
+
 def _path_per_slice(name, g, ref, ctx, fit):
     """g - ref = f c_k: one path's contribution times a factor that varies per row (per head,
     per feature) and is constant along the other axes: a wrong operand or a factor missing
     inside that path (a row mean of the wrong tensor, a normaliser left out)."""
-    got = ctx.paths(name) if ctx.paths is not None else None
-    if got is None:
-        return ""
-    columns, sites = got
-    found = fit_path_per_slice(g - ref, columns, sites, ref, fit)
+    columns, sites, found = _fitted(fit_path_per_slice, name, g, ref, ctx, fit)
     if found is None:
         return ""
     k, along = found
