@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import collections
 import hashlib
+import itertools
 import linecache
 import math
 import os
@@ -304,6 +305,22 @@ def _count(jaxpr):
     return n
 
 
+def _ranked(e, columns, n, g):
+    """(max |G|, the n columns flattened, their norms, the nonzero ones, those ranked by their
+    correlation with e), or None when there is nothing to explain or nothing to explain it."""
+    scale = float(np.max(np.abs(g))) if g.size else 0.0
+    if scale == 0.0 or not np.any(e):
+        return None
+    C = columns.reshape(n, -1)
+    norms = np.linalg.norm(C, axis=1)
+    live = np.flatnonzero(norms > 1e-12 * max(float(norms.max()), 1e-300))
+    if not live.size:
+        return None
+    ev = e.reshape(-1)
+    corr = np.abs(C[live] @ ev) / (norms[live] * np.linalg.norm(ev))
+    return scale, C, norms, live, live[np.argsort(-corr)]
+
+
 class Explained(NamedTuple):
     terms: list      # [(Site, coefficient)]
     residual: float  # normwise residual of the fit
@@ -312,18 +329,11 @@ class Explained(NamedTuple):
 def fit_paths(e, columns, sites, g, fit, max_terms=MAX_TERMS) -> Explained | None:
     """The sparsest combination of site columns that explains e = H - G to ``fit`` (normwise,
     relative to max |G|), by single fits and then greedy orthogonal matching pursuit."""
-    scale = float(np.max(np.abs(g))) if g.size else 0.0
-    if scale == 0.0 or not np.any(e):
+    found = _ranked(e, columns, len(sites), g)
+    if found is None:
         return None
-    n = len(sites)
-    C = columns.reshape(n, -1)
-    norms = np.linalg.norm(C, axis=1)
-    live = np.flatnonzero(norms > 1e-12 * max(float(norms.max()), 1e-300))
-    if not live.size:
-        return None
+    scale, C, norms, live, ranked = found
     ev = e.reshape(-1)
-    corr = np.abs(C[live] @ ev) / (norms[live] * np.linalg.norm(ev))
-    ranked = live[np.argsort(-corr)]
     good = lambda r: float(np.max(np.abs(r))) <= fit * scale
     for k in ranked[:64]:  # one path
         a = float(C[k] @ ev) / float(C[k] @ C[k])
@@ -341,6 +351,33 @@ def fit_paths(e, columns, sites, g, fit, max_terms=MAX_TERMS) -> Explained | Non
         if good(r):
             return Explained([(k, float(a)) for k, a in zip(chosen, coef)],
                              float(np.max(np.abs(r))) / scale)
+    return None
+
+
+def fit_path_per_slice(e, columns, sites, g, fit, top=64):
+    """(site, axes) where e = H - G is one path's contribution c_k times a factor f constant
+    along those axes and varying along the others (e = f c_k: a wrong operand or a factor
+    missing inside that path, per row or per head), or None.  The most axes that fit are
+    chosen; they must hold at least 3 elements per slice (with fewer, a factor per slice
+    fits anything) and f must vary (a constant f is a path scaled: ``fit_paths``)."""
+    found = _ranked(e, columns, len(sites), g) if e.ndim >= 2 else None
+    if found is None:
+        return None
+    scale, C, _, _, ranked = found
+    ranked = ranked[:top]
+    Ck = C[ranked].reshape((len(ranked),) + e.shape)
+    for r in range(e.ndim - 1, 0, -1):
+        for along in itertools.combinations(range(e.ndim), r):
+            if int(np.prod([e.shape[a] for a in along])) < 3:
+                continue
+            axes = tuple(a + 1 for a in along)
+            den = np.sum(Ck * Ck, axis=axes, keepdims=True)
+            f = np.sum(Ck * e, axis=axes, keepdims=True) / np.where(den > 0, den, 1.0)
+            resid = np.max(np.abs(e - f * Ck).reshape(len(ranked), -1), axis=1)
+            for j in np.flatnonzero(resid <= fit * scale):
+                fj = f[j][den[j] > 0]
+                if fj.size and np.ptp(fj) > fit * max(float(np.max(np.abs(fj))), 1e-300):
+                    return int(ranked[j]), along
     return None
 
 

@@ -21,6 +21,9 @@ is wrong) and tests the common bug shapes in turn, from the most specific:
                             (1 + f for 1 - f: a sign error inside it, not a missing term)
     factor                  G f = R with f constant along some axes: a per-row (per-head ...)
                             factor left out of a product
+    path off per slice      G - R = f c_k, one oracle path's contribution times a factor that
+                            varies per row (head, token) only: a wrong operand or a missing
+                            factor inside that path (a row mean of the wrong tensor)
     oracle paths            G - R = a sparse sum of the oracle's path contributions: a path
                             missing, scaled or with the wrong sign, a matrix product's other
                             operand untransposed or a wrong cached value (checks.attribution)
@@ -36,7 +39,7 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
-from checks.attribution import fit_paths, representative
+from checks.attribution import fit_path_per_slice, fit_paths, representative
 from checks.legs import normwise
 from checks.localise import position, structure
 
@@ -171,7 +174,8 @@ def diagnose(name: str, g: np.ndarray, ref: np.ndarray, ctx: Context, tol: float
             g, fit = g64, FIT_FACTOR * tol64
     found = ""
     for test in (_zero, _scaled, _transposed, _heads_mixed, _swapped, _masked, _repeated_ids,
-                 _one_slice, _skip_dropped, _static_ignored, _paths, _upstream, _factor):
+                 _one_slice, _skip_dropped, _static_ignored, _paths, _upstream, _factor,
+                 _path_per_slice):
         found = test(name, g, ref, ctx, fit)
         if found:
             break
@@ -367,11 +371,7 @@ def _static_ignored(name, g, ref, ctx, fit):
 
 def _paths(name, g, ref, ctx, fit):
     """The sparse set of the oracle's paths whose contributions explain g - ref."""
-    got = ctx.paths(name) if ctx.paths is not None else None
-    if got is None:
-        return ""
-    columns, sites = got
-    found = fit_paths(g - ref, columns, sites, ref, fit)
+    columns, sites, found = _fitted(fit_paths, name, g, ref, ctx, fit)
     if found is None:
         return ""
     rel = max(fit, 1e-6)
@@ -380,6 +380,32 @@ def _paths(name, g, ref, ctx, fit):
         site = sites[representative(k, columns, sites, fit)]
         phrases.append(_path_phrase(site, a, ctx.constants, rel))
     return "; ".join(phrases)
+
+
+def _fitted(fitter, name, g, ref, ctx, fit):
+    """(columns, sites, what fitter found in g - ref or None) from the oracle's paths."""
+    got = ctx.paths(name) if ctx.paths is not None else None
+    if got is None:
+        return None, None, None
+    columns, sites = got
+    return columns, sites, fitter(g - ref, columns, sites, ref, fit)
+
+
+def _path_per_slice(name, g, ref, ctx, fit):
+    """g - ref = f c_k: one path's contribution times a factor that varies per row (per head,
+    per feature) and is constant along the other axes: a wrong operand or a factor missing
+    inside that path (a row mean of the wrong tensor, a normaliser left out)."""
+    columns, sites, found = _fitted(fit_path_per_slice, name, g, ref, ctx, fit)
+    if found is None:
+        return ""
+    k, along = found
+    labels = list(ctx.axes.get(name) or [f"axis {i}" for i in range(g.ndim)])
+    const = ", ".join(labels[a] for a in along)
+    per = ", ".join(labels[a] for a in range(g.ndim) if a not in along)
+    site = sites[representative(k, columns, sites, fit)]
+    return (f"the path through {site.describe()} is off by a factor per {per} (constant along "
+            f"{const}): the hand's error is that path's contribution times it, a wrong operand "
+            f"or a missing factor inside that path")
 
 
 def _path_phrase(site, a, constants, rel):

@@ -12,8 +12,18 @@ tolerance there:
     FD sides with autodiff   |g_i - d_i| <= eps_i  and  |h_i - d_i| > DECISIVE (eps_i + tol_i)
     FD sides with the hand   |h_i - d_i| <= eps_i + tol_i  and  |g_i - d_i| > DECISIVE eps_i
 
-and neither when the two legs are closer together than FD can resolve, or when the loss is not
-smooth within the step along e_i (a kink; ``FiniteDifferences._kinked``).  Blame follows that
+and neither when the two legs are closer together than FD can resolve, or when FD sides with
+the hand and the loss is not smooth within the step along e_i (a kink;
+``FiniteDifferences._kinked``).  The kink test guards only that side.  When FD lands within
+eps_i of autodiff, a kink cannot have made it agree: across a kink within the step, central
+differences sit between the two one-sided slopes (at a fraction of the jump set by where the
+kink lies), so a hand that took the other branch at x (a kink within rounding of x, where the
+two branches meet) has FD halfway between it and autodiff, never decisively on one side; and a
+kink farther away leaves hand and autodiff on the same branch at x.  Kinks within rounding of x
+are already judged either way by the hand's tolerance (``RoundingModel.kinks``).  The kink test
+itself is not asked there: its second differences of the loss carry the loss's rounding noise
+divided by the step, which on a deep program (the whole model) reads as a kink at elements whose
+gradient is small.  Blame follows that
 evidence (``blame``): one element where FD sides with autodiff blames the hand.  "Oracle is
 wrong" needs FD on the hand's side *and* a reason the oracle's autodiff can differ from its own
 forward (``autodiff_caveats``: its forward disagrees with the kernel's, or its program holds
@@ -92,7 +102,8 @@ def examine(fd, key, x, h, g, tol, scale, indices):
             side = "autodiff"
         elif abs(hi - d) <= eps + ti and abs(gi - d) > DECISIVE * eps:
             side = "hand"
-        kinked = bool(side) and fd.scheme != "complex" and fd._kinked(key, x, e, size, eps)
+        # only FD's disagreement with autodiff needs FD to be smooth: see the module docstring
+        kinked = side == "hand" and fd.scheme != "complex" and fd._kinked(key, x, e, size, eps)
         elements.append(Element(tuple(int(j) for j in np.unravel_index(i, x.shape)), hi, gi,
                                 float(d), eps, ti, "" if kinked else side, kinked))
     return elements

@@ -7,17 +7,26 @@ yields one mutant per place it applies to:
     drop term        a + b -> a, b;  a - b -> a, -b;  x += y dropped
     drop factor      a * b -> a, b;  a / b -> a;  a @ b -> a, b;  x *= y dropped
     flip sign        a + b <-> a - b;  -a -> a;  a * b, a @ b -> -(...);  x += y <-> x -= y
-    swap operands    a - b, a / b, a @ b reversed; two arguments of a call swapped
+    swap operands    a - b, a / b, a @ b reversed; a @ b written transposed so that the shapes
+                     fit, b^T @ a^T (dW = dout^T @ x for x^T @ dout: the product transposed);
+                     two arguments of a call swapped
     swap cached      two fields of the cache swapped (cache.q <-> cache.k, or two names of
                      ``a, b, ... = cache``)
+    wrong cached     one read of a cached tensor replaced by another field of the cache of the
+                     same shape (cache.q for cache.k; the shapes come from running the original)
     wrong tensor     one use of a local tensor replaced by another local of the same shape
                      that exists at that line (dv from da, a softmax of the wrong cached
                      values); the shapes come from running the original (``local_shapes``)
-    transpose        .T, .transpose(...), .swapaxes(...) dropped; an operand of @ transposed
+    transpose        .T, .transpose(...), .swapaxes(...) dropped; an operand of @ transposed;
+                     two axes of a permutation exchanged (heads and batch: (1, 0, 3, 2))
     reduction axis   axis= of sum/mean/max changed; keepdims=True dropped
-    drop reduction   x.sum(...), x.mean(...), row_sum(x) -> x
-    shift            an integer index or slice bound +-1; arange(n) + 1; tri(n, k=+-1)
-    constant         a number c -> 1/c and 1;  1 / e -> e and 1
+    sum for mean     x.sum(...) <-> x.mean(...); row_sum(x) -> its mean (off by the row's length)
+    drop reduction   x.sum(...), x.mean(...), row_sum(x), column_sum(x) -> x
+    shift            an integer index or slice bound +-1, an index held in a name +-1 (the
+                     next block's cache: blocks[i + 1]); arange(n) + 1; tri(n, k=+-1)
+    constant         a number c -> 1/c and 1;  1 / e -> e and 1;  a scale by a size divided by
+                     another size of the function (1 / sqrt(P) -> 1 / sqrt(D), / x.size ->
+                     / x.shape[0], / y.shape[-1] -> / y.shape[0])
 
 Pure shape arithmetic (B * T, H * P, names assigned from ``.shape``) and the arguments of
 reshapes are left alone: a mutant there raises or changes nothing.  A mutant is compiled into a
@@ -38,9 +47,11 @@ import types
 from typing import Callable, Iterator
 
 OPERATORS = ("drop term", "drop factor", "flip sign", "swap operands", "swap cached",
-             "wrong tensor", "transpose", "reduction axis", "drop reduction", "shift", "constant")
+             "wrong cached", "wrong tensor", "transpose", "reduction axis", "sum for mean",
+             "drop reduction", "shift", "constant")
 REDUCTIONS = {"sum", "mean", "max"}
 ROW_REDUCTIONS = {"row_sum"}           # the lab's helper sums over the last axis
+COLUMN_REDUCTIONS = {"column_sum"}     # and this one over the rows: (M, N) -> (N,)
 TRANSPOSES = {"transpose", "swapaxes"}
 SHAPE_CALLS = {"reshape", "zeros", "ones", "full", "empty", "zeros_like", "ones_like", "range",
                "len", "reversed", "isinstance", "prefixed", "tuple"}
@@ -162,6 +173,8 @@ def _ops_binop(node, ctx):
             and node.left.value == 1:  # 1 / e, a scale even when e is a size (1 / sqrt(P))
         yield "constant", node.right
         yield "constant", ast.Constant(1)
+        for other in _other_sizes(node.right, ctx):
+            yield "constant", _binop(node.left, ast.Div(), other)
         return
     if _is_shape(node, ctx.shape_names):
         return
@@ -182,17 +195,64 @@ def _ops_binop(node, ctx):
     elif isinstance(op, ast.Div):
         yield "drop factor", l
         yield "swap operands", _binop(r, ast.Div(), l)
+        if _is_shape(r, ctx.shape_names):  # a mean over the wrong count
+            for other in _other_sizes(r, ctx):
+                yield "constant", _binop(l, ast.Div(), other)
     elif isinstance(op, ast.MatMult):
         yield "drop factor", l
         yield "drop factor", r
         yield "flip sign", _neg(node)
         yield "swap operands", _binop(r, ast.MatMult(), l)
+        yield "swap operands", _binop(_transpose_of(r), ast.MatMult(), _transpose_of(l))
         for side in ("left", "right"):
             operand = getattr(node, side)
             if not _is_transposed(operand):
                 new = copy.copy(node)
                 setattr(new, side, _method(operand, "swapaxes", -1, -2))
                 yield "transpose", new
+
+
+def _transpose_of(node):
+    """node with its last two axes swapped, written as a person would: x.T -> x, else
+    x.swapaxes(-1, -2)."""
+    if isinstance(node, ast.Attribute) and node.attr == "T":
+        return node.value
+    return _method(node, "swapaxes", -1, -2)
+
+
+def _other_sizes(expr, ctx):
+    """expr (a size: P, sqrt(P), x.size, y.shape[-1]) with one of its sizes replaced by another
+    size of the function: each shape name by every other one, x.size by x.shape[0] and
+    x.shape[-1], y.shape[i] by the first and the last two axes' sizes."""
+    spots = [n for n in ast.walk(expr) if (isinstance(n, ast.Name) and n.id in ctx.shape_names)
+             or (isinstance(n, ast.Attribute) and n.attr == "size")
+             or (isinstance(n, ast.Subscript) and isinstance(n.value, ast.Attribute)
+                 and n.value.attr == "shape" and _int_of(n.slice) is not None)]
+    for spot in spots:
+        if isinstance(spot, ast.Name):
+            subs = [ast.Name(id=m, ctx=ast.Load()) for m in sorted(ctx.sizes) if m != spot.id]
+        else:
+            obj = spot.value if isinstance(spot, ast.Attribute) else spot.value.value
+            now = None if isinstance(spot, ast.Attribute) else _int_of(spot.slice)
+            subs = [ast.Subscript(value=ast.Attribute(value=obj, attr="shape", ctx=ast.Load()),
+                                  slice=ast.Constant(i) if i >= 0 else _neg(ast.Constant(-i)),
+                                  ctx=ast.Load()) for i in (0, -2, -1) if i != now]
+        for sub in subs:
+            yield _replaced(expr, spot, sub)
+
+
+def _replaced(tree, old, new):
+    """A copy of tree with the node old replaced by new."""
+    if tree is old:
+        return new
+    tree = copy.copy(tree)
+    for field, value in ast.iter_fields(tree):
+        if isinstance(value, list):
+            setattr(tree, field, [_replaced(v, old, new) if isinstance(v, ast.AST) else v
+                                  for v in value])
+        elif isinstance(value, ast.AST):
+            setattr(tree, field, _replaced(value, old, new))
+    return tree
 
 
 def _is_transposed(node):
@@ -228,6 +288,13 @@ def _ops_call(node, ctx):
     method = isinstance(node.func, ast.Attribute)
     if name in TRANSPOSES and method:
         yield "transpose", node.func.value
+        perm = [_int_of(a) for a in node.args]
+        if name == "transpose" and len(perm) >= 3 and None not in perm:
+            for i, j in itertools.combinations(range(len(perm)), 2):  # two axes exchanged
+                new_perm = list(perm)
+                new_perm[i], new_perm[j] = perm[j], perm[i]
+                if new_perm != sorted(perm):  # (no permutation at all: dropped, above)
+                    yield "transpose", _method(node.func.value, "transpose", *new_perm)
     if name in REDUCTIONS and method:
         yield "drop reduction", node.func.value
         for k in node.keywords:
@@ -237,8 +304,17 @@ def _ops_call(node, ctx):
                         yield "reduction axis", _with_keyword(node, "axis", ast.Constant(axis))
             if k.arg == "keepdims":
                 yield "reduction axis", _with_keyword(node, "keepdims", None)
+    if name in ("sum", "mean") and method:
+        new = copy.copy(node)
+        new.func = ast.Attribute(value=node.func.value, attr="mean" if name == "sum" else "sum",
+                                 ctx=ast.Load())
+        yield "sum for mean", new
+    if name in COLUMN_REDUCTIONS and len(node.args) == 1:  # a bias gradient left unsummed
+        yield "drop reduction", node.args[0]
+        yield "sum for mean", _method(node.args[0], "mean", axis=0)
     if name in ROW_REDUCTIONS and len(node.args) == 1:
         yield "drop reduction", node.args[0]
+        yield "sum for mean", _method(node.args[0], "mean", axis=-1, keepdims=True)
     if name == "arange":
         yield "shift", _binop(node, ast.Add(), ast.Constant(1))
     if name in ("tri", "tril", "triu"):
@@ -292,6 +368,9 @@ def _ops_subscript(node, ctx):
             for w in (v + 1, v - 1):
                 yield "shift", _subscript_with(node, parts, i, ast.Constant(w) if w >= 0 else
                                                _neg(ast.Constant(-w)))
+        elif isinstance(part, ast.Name) and part.id not in ctx.shape_names:
+            for op in (ast.Add(), ast.Sub()):  # blocks[i]: the neighbouring block's
+                yield "shift", _subscript_with(node, parts, i, _binop(part, op, ast.Constant(1)))
 
 
 def _subscript_with(node, parts, i, new_part):
@@ -329,6 +408,8 @@ SITE_OPERATORS = (_ops_binop, _ops_attribute, _ops_augassign, _ops_unary, _ops_c
 class _Context:
     def __init__(self, func):
         self.shape_names = _shape_names(func)
+        # the sizes a scale may be taken by mistake: names bound to one number from shapes
+        self.sizes = {n for n in self.shape_names if n.isupper() and len(n) == 1}
         args = [a.arg for a in func.args.args]
         self.cache = args[1] if len(args) > 1 else "cache"
 
@@ -371,10 +452,25 @@ def _wrong_tensors(func, shapes) -> list:
         if not isinstance(node, ast.Name) or not isinstance(node.ctx, ast.Load) \
                 or id(node) in frozen or node.id in ctx.shape_names or node.id not in shapes:
             continue
-        for other in sorted(shapes):
+        for other in sorted(k for k in shapes if "." not in k):  # locals, not cache fields
             if other != node.id and shapes[other] & shapes[node.id] \
                     and first.get(other, math.inf) < node.lineno:
                 out.append((i, other))
+    return out
+
+
+def _wrong_cached(func, shapes) -> list:
+    """(node index, other field): each read cache.a of a cached tensor, and every other field
+    of the cache with the same shape (in some row's case; recorded as 'cache.NAME')."""
+    ctx = _Context(func)
+    fields = {k.split(".", 1)[1]: v for k, v in shapes.items() if k.startswith(ctx.cache + ".")}
+    out = []
+    for i, node in enumerate(ast.walk(func)):
+        if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load) \
+                and isinstance(node.value, ast.Name) and node.value.id == ctx.cache \
+                and node.attr in fields:
+            out += [(i, other) for other in sorted(fields)
+                    if other != node.attr and fields[other] & fields[node.attr]]
     return out
 
 
@@ -457,8 +553,8 @@ class Source:
 
     def local_shapes(self, function, shapes):
         """Give the shapes of the function's locals ({name: set of shapes}, from running it on
-        the rows' cases): the 'wrong tensor' operator replaces a local by another of the same
-        shape."""
+        the rows' cases) and of its cache's fields ('cache.NAME'): the 'wrong tensor' operator
+        replaces a local by another of the same shape, 'wrong cached' a field by another."""
         self.shapes[function] = {k: frozenset(v) for k, v in shapes.items()}
 
     def mutants(self, function: str) -> list:
@@ -489,6 +585,15 @@ class Source:
             _SwapFields(cache, a, b).visit(f)
             yield Mutant(self.name, function, index, "swap cached", lines[0],
                          f"{cache}.{a}, {cache}.{b}", f"{cache}.{b}, {cache}.{a}"), tree
+            index += 1
+        for node_index, other in _wrong_cached(func, self.shapes.get(function, {})):
+            tree = copy.deepcopy(self.tree)
+            f = _function(tree, function)
+            node = list(ast.walk(f))[node_index]
+            before = ast.unparse(node)
+            node.attr = other
+            yield Mutant(self.name, function, index, "wrong cached", node.lineno, before,
+                         ast.unparse(node)), tree
             index += 1
         for node_index, other in _wrong_tensors(func, self.shapes.get(function, {})):
             tree = copy.deepcopy(self.tree)

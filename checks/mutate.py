@@ -65,6 +65,7 @@ PATTERNS = (
     ("skip connection", "skip dropped"),
     ("ignores a static argument", "static ignored"),
     ("missing the path through", "path missing"),
+    ("is off by a factor per", "path off per slice"),
     ("has the wrong sign", "path sign"),
     ("is scaled by", "path scaled"),
     ("other operand", "wrong operand"),
@@ -139,8 +140,9 @@ def targets(module=None) -> tuple:
 
 
 def prepare(target: Target, function: str, sizes: dict) -> None:
-    """Record the shapes of the function's locals on every row's float64 case (seed 0), run
-    under a profiler, for the 'wrong tensor' operator (once per function)."""
+    """Record the shapes of the function's locals and of its cache's fields on every row's
+    float64 case (seed 0), run under a profiler, for the 'wrong tensor' and 'wrong cached'
+    operators (once per function)."""
     if function in target.source.shapes:
         return
     shapes = collections.defaultdict(set)
@@ -150,8 +152,12 @@ def prepare(target: Target, function: str, sizes: dict) -> None:
         code = frame.f_code
         if event == "return" and code.co_name == function \
                 and os.path.abspath(code.co_filename) == filename:
-            for name, value in frame.f_locals.items():
-                if isinstance(getattr(value, "shape", None), tuple) and hasattr(value, "dtype"):
+            names = frame.f_locals
+            cache = names.get(code.co_varnames[1]) if code.co_argcount > 1 else None
+            fields = {f"{code.co_varnames[1]}.{f}": getattr(cache, f)
+                      for f in getattr(cache, "_fields", ())}  # a NamedTuple cache's fields
+            for name, value in [*names.items(), *fields.items()]:
+                if _is_array(value):
                     shapes[name].add(tuple(value.shape))
     for row in target.rows:
         sys.setprofile(profile)
@@ -160,6 +166,10 @@ def prepare(target: Target, function: str, sizes: dict) -> None:
         finally:
             sys.setprofile(None)
     target.source.local_shapes(function, shapes)
+
+
+def _is_array(value) -> bool:
+    return isinstance(getattr(value, "shape", None), tuple) and hasattr(value, "dtype")
 
 
 # --- equivalence ----------------------------------------------------------------------------

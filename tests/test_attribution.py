@@ -58,3 +58,20 @@ def test_path_columns_are_built_once_per_case_and_never_shared_across_data():
     assert once is again and doubled is not once
     (cin, _), _ = once
     np.testing.assert_allclose(doubled[0][0][0], 2 * cin[0])   # contributions are linear in dout
+
+
+def test_a_path_off_by_a_factor_per_row():
+    """e = f c_k with f one value per row (constant along the last axis): that site and those
+    axes; a constant f is a path scaled (fit_paths' answer, not this one); an unrelated error,
+    or slices too short for a factor per slice to mean anything, fit nothing."""
+    from checks.attribution import fit_path_per_slice
+    rng = np.random.default_rng(0)
+    columns = rng.standard_normal((3, 4, 5))          # three sites' contributions, (4, 5) each
+    g = rng.standard_normal((4, 5))
+    per_row = rng.uniform(0.5, 2.0, size=(4, 1))
+    assert fit_path_per_slice(per_row * columns[1], columns, [None] * 3, g, 1e-9) == (1, (1,))
+    assert fit_path_per_slice(0.5 * columns[1], columns, [None] * 3, g, 1e-9) is None
+    assert fit_path_per_slice(rng.standard_normal((4, 5)), columns, [None] * 3, g, 1e-9) is None
+    narrow = columns[:, :, :2]                         # two elements per row: anything fits
+    assert fit_path_per_slice(per_row * narrow[1] + rng.standard_normal((4, 2)), narrow,
+                              [None] * 3, g[:, :2], 1e-9) is None

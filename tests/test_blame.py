@@ -5,7 +5,7 @@ import pytest
 import kernels
 import reference
 from checks.engine import check_layer
-from checks.evidence import DECISIVE, Element, autodiff_caveats, blame
+from checks.evidence import DECISIVE, Element, autodiff_caveats, blame, examine
 from checks.verdict import Kind
 from checks.wild import BUGS, plain_ff, plant
 
@@ -60,6 +60,43 @@ def test_without_decisive_elements_a_kink_leaves_the_verdict_unresolved():
     assert blame(close, [], False, "a kink").kind is Kind.UNRESOLVED
     assert blame(close, [], False, "").kind is Kind.ALL_DISAGREE
     assert DECISIVE > 1  # the disagreeing leg must clearly miss FD
+
+
+class _FiniteDifferences:
+    """FD along e_i returns the given derivatives; the kink test says what it is told (and
+    counts its calls)."""
+    scheme = "central"
+
+    def __init__(self, derivatives, kinked):
+        self.derivatives, self.kinked, self.asked = derivatives, kinked, 0
+
+    def derivative(self, key, x, e, size):
+        return float(np.sum(self.derivatives * e)), lambda scale: 1e-9
+
+    def _kinked(self, key, x, e, size, threshold):
+        self.asked += 1
+        return self.kinked
+
+
+@pytest.mark.parametrize("kinked", [False, True])
+def test_fd_on_autodiffs_side_needs_no_kink_test(kinked):
+    """FD within eps of autodiff and the hand far from both: a kink cannot have put FD there (FD
+    across a kink sits between the one-sided slopes, halfway where the hand took the other
+    branch), so the kink test (whose second differences carry the loss's rounding noise over
+    the step, a false kink on a deep program) is not asked and the hand is blamed."""
+    g = np.array([1.0, -2.0, 3.0])
+    h = g + np.array([0.5, 0.0, 0.0])          # one element wrong
+    fd = _FiniteDifferences(g, kinked)
+    elements = examine(fd, "x", np.ones(3), h, g, np.full(3, 1e-12), 3.0, [0])
+    assert elements[0].side == "autodiff" and not elements[0].kinked and fd.asked == 0
+    assert blame(elements, [], False, "").kind is Kind.HAND_WRONG
+    # FD on the hand's side needs a smooth loss before the oracle is blamed
+    fd = _FiniteDifferences(h, kinked)
+    elements = examine(fd, "x", np.ones(3), h, g, np.full(3, 1e-12), 3.0, [0])
+    assert fd.asked == 1 and elements[0].kinked is kinked
+    assert elements[0].side == ("" if kinked else "hand")
+    assert blame(elements, ["stop_gradient"], False, "").kind is \
+        (Kind.UNRESOLVED if kinked else Kind.ORACLE_WRONG)
 
 
 def test_oracle_caveats_are_read_from_its_program():

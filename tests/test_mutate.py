@@ -176,4 +176,61 @@ def test_a_scale_of_sizes_is_a_constant_to_mutate():
     import kernels.attention
     found = {(m.before, m.after) for m in Source.of_module(kernels.attention).mutants(
         "_attention_backward") if m.operator == "constant"}
-    assert found == {("1 / math.sqrt(P)", "math.sqrt(P)"), ("1 / math.sqrt(P)", "1")}
+    # inverted, forgotten, or taken from another size of the function (a static argument)
+    assert found == {("1 / math.sqrt(P)", "math.sqrt(P)"), ("1 / math.sqrt(P)", "1")} | {
+        ("1 / math.sqrt(P)", f"1 / math.sqrt({n})") for n in "BDHST"}
+
+
+def test_mistakes_written_so_that_the_shapes_fit():
+    """The swap of a product's operands written with transposes, a mean for a sum, a count for
+    another, a bias gradient left unsummed, a permutation with two axes exchanged, the
+    neighbouring block's cache: each a mutant, and each computes what it says."""
+    source = Source("demo", "def f_backward(dy, cache):\n"
+                            "    B, T, D = dy.shape\n"
+                            "    dW = cache.x.T @ dy.reshape(-1, D)\n"
+                            "    db = column_sum(dy.reshape(-1, D)) / B\n"
+                            "    s = (dy * cache.y).mean(axis=-1, keepdims=True)\n"
+                            "    i = cache.i\n"
+                            "    dx = dy.transpose(1, 0, 2) * cache.blocks[i]\n"
+                            "    return dx, s, dW, db\n", "demo.py")
+    found = {(m.operator, m.before, m.after) for m in source.mutants("f_backward")}
+    assert ("swap operands", "cache.x.T @ dy.reshape(-1, D)",
+            "dy.reshape(-1, D).swapaxes(-1, -2) @ cache.x") in found
+    assert ("sum for mean", "(dy * cache.y).mean(axis=-1, keepdims=True)",
+            "(dy * cache.y).sum(axis=-1, keepdims=True)") in found
+    assert ("sum for mean", "column_sum(dy.reshape(-1, D))",
+            "dy.reshape(-1, D).mean(axis=0)") in found
+    assert ("drop reduction", "column_sum(dy.reshape(-1, D))", "dy.reshape(-1, D)") in found
+    assert {("constant", "column_sum(dy.reshape(-1, D)) / B", f"column_sum(dy.reshape(-1, D)) / {n}")
+            for n in "DT"} <= found
+    assert {m[2] for m in found if m[0] == "transpose" and m[1] == "dy.transpose(1, 0, 2)"} == {
+        "dy", "dy.transpose(2, 0, 1)", "dy.transpose(1, 2, 0)"}  # (0, 1, 2): no transpose at all
+    assert {m[2] for m in found if m[0] == "shift" and "blocks" in m[1]} == {
+        "cache.blocks[i + 1]", "cache.blocks[i - 1]"}
+    mean = next(m for m in source.mutants("f_backward") if m.operator == "sum for mean"
+                and m.before.startswith("column_sum"))
+    namespace = source.load(mean)
+    namespace["column_sum"] = lambda y: y.sum(axis=0)
+    cache = type("Cache", (), {"x": np.ones((6, 2)), "y": np.ones((2, 3, 4)),
+                               "blocks": [np.ones((3, 2, 4))], "i": 0})
+    _, _, _, db = namespace["f_backward"](np.ones((2, 3, 4)), cache)
+    assert np.allclose(db, 1 / 2)  # the mean of six ones over B = 2, not their sum (6 / 2)
+
+
+def test_wrong_cached_takes_a_field_of_the_same_shape():
+    """One read of a cached tensor replaced by another field of the cache with its shape (in
+    some row's case: recorded under 'cache.NAME'); never a field of another shape, and never a
+    cache field in place of a local."""
+    source = Source("demo", "def f_backward(dy, cache):\n"
+                            "    q, k = cache.q, cache.k\n"
+                            "    return dy * q + cache.w.sum() * k\n", "demo.py")
+    source.local_shapes("f_backward", {"q": {(3,)}, "k": {(3,)}, "dy": {(3,)},
+                                       "cache.q": {(3,)}, "cache.k": {(3,)}, "cache.w": {(2,)}})
+    found = {(m.operator, m.before, m.after) for m in source.mutants("f_backward")}
+    assert {(b, a) for o, b, a in found if o == "wrong cached"} == {
+        ("cache.q", "cache.k"), ("cache.k", "cache.q")}
+    assert not any(a.startswith("cache.") for o, b, a in found if o == "wrong tensor")
+    mutant = next(m for m in source.mutants("f_backward") if m.operator == "wrong cached"
+                  and m.before == "cache.q")
+    Cache = type("Cache", (), {"q": np.full(3, 2.0), "k": np.full(3, 5.0), "w": np.zeros(2)})
+    assert np.all(source.load(mutant)["f_backward"](np.ones(3), Cache) == 5.0)
