@@ -92,6 +92,7 @@ class Oracle:
                             for i, x in enumerate(inputs64))
         self.params = {k: jax.device_put(v) for k, v in params64.items()}
         self.static_items = None
+        self._flips = None  # (dout, seed, roundoffs, flips) of the last spread, for kinks
         try:
             self.static_items, self.arrays = _split_static(static)
             self._fns = list(_oracle_functions(oracle, self.diff_idx, self.static_items))
@@ -182,7 +183,7 @@ class Oracle:
         comparisons flipped where rounding at the roundoffs us flips them (``RoundingModel.
         kinks``): (output, {index: moved}, {param: moved}, predicates flipped), or None."""
         model, args = self._model(dout)
-        memo, self._flips = getattr(self, "_flips", None), None
+        memo, self._flips = self._flips, None
         flips = memo[3] if memo is not None and memo[1:3] == (seed, tuple(us)) \
             and np.array_equal(memo[0], dout) else None
         found = model.kinks(args, us, seed, flips)
