@@ -237,8 +237,8 @@ class LayerCheck:
         self.u_inputs = self.u_forward[0]
         self.fd_u = tolerances.U64  # finite differences run the hand forward in float64
         try:
-            self.spread_out, self.spread_in, self.spread_params = self.ref.spread(self.dout64,
-                                                                                  self.seed)
+            self.spread_out, self.spread_in, self.spread_params = self.ref.spread(
+                self.dout64, self.seed, kink_us=self._kink_us())
         except Unsupported as exc:
             self.spread_out = None
             self.notes.append(Note(Finding.NO_ROUNDING_MODEL, (("why", str(exc).splitlines()[0]),
@@ -409,11 +409,8 @@ class LayerCheck:
         self.kink_moved = {}
         if self.spread_out is None:
             return
-        fe, fs = self.u_forward
-        be, bs = self.u_backward
-        us = (fe, fs, be, bs, self.u_inputs, max(self.u, fe))
         try:
-            found = self.ref.kinks(self.dout64, us, self.seed)
+            found = self.ref.kinks(self.dout64, self._kink_us(), self.seed)
         except Exception:  # a program the flip run cannot follow: judged without it
             found = None
         if not found or not found[3]:
@@ -432,6 +429,12 @@ class LayerCheck:
                 counts.append(f"{n} of {name}")
         if counts:
             self.notes.append(Note(Finding.KINKS, (("where", ", ".join(counts)),)))
+
+    def _kink_us(self):
+        """The roundoffs of the kink runs, one per part of the program (``rounding.PARTS``)."""
+        fe, fs = self.u_forward
+        be, bs = self.u_backward
+        return (fe, fs, be, bs, self.u_inputs, max(self.u, fe))
 
     def _moved(self, key):
         """How far an element of a tensor moves with its kinks' branches flipped (0 if none)."""

@@ -11,7 +11,12 @@ parallel test workers never read a half-written entry; without it the folder gro
 bound and an entry read while another process writes it fails its checksum: JAX warns and
 compiles the program again.
 
-Only the XLA compilation is saved: tracing and lowering still run in every process.
+Only the XLA compilation is saved: tracing and lowering still run in every process, and a
+program under the threshold compiles again in each: a check therefore moves its arrays with
+``jax.device_put`` (a transfer), never ``jnp.asarray`` (a small program per shape and dtype:
+thirteen in the first call of the registry's attention check, tens of milliseconds each), and
+skips programs whose result it already knows (no kink moves when nothing flips,
+``checks.rounding``).
 """
 from __future__ import annotations
 

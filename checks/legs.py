@@ -86,10 +86,13 @@ class Oracle:
     def __init__(self, oracle, inputs64, params64, static, diff_idx):
         self.oracle, self.diff_idx = oracle, tuple(diff_idx)
         self.inputs = list(inputs64)
-        self.others = tuple(None if i in self.diff_idx else jnp.asarray(x)
+        # jax.device_put, not jnp.asarray: a transfer, where jnp.asarray compiles a small
+        # program per shape (tens of milliseconds each in a check's first call)
+        self.others = tuple(None if i in self.diff_idx else jax.device_put(x)
                             for i, x in enumerate(inputs64))
-        self.params = {k: jnp.asarray(v) for k, v in params64.items()}
+        self.params = {k: jax.device_put(v) for k, v in params64.items()}
         self.static_items = None
+        self._flips = None  # (dout, seed, roundoffs, flips) of the last spread, for kinks
         try:
             self.static_items, self.arrays = _split_static(static)
             self._fns = list(_oracle_functions(oracle, self.diff_idx, self.static_items))
@@ -102,7 +105,7 @@ class Oracle:
         return len(self._fns) > 1
 
     def _diff_values(self):
-        return [jnp.asarray(self.inputs[i]) for i in self.diff_idx]
+        return [jax.device_put(self.inputs[i]) for i in self.diff_idx]
 
     def _run(self, which, diff_values, params, dout):
         error = None
@@ -142,7 +145,8 @@ class Oracle:
 
     def vjp(self, dout):
         """(out, {input index: gradient}, {param: gradient}) for the upstream gradient dout."""
-        out, (d_in, d_params) = self._run(0, self._diff_values(), self.params, jnp.asarray(dout))
+        out, (d_in, d_params) = self._run(0, self._diff_values(), self.params,
+                                          jax.device_put(dout))
         return (np.asarray(out), {i: np.asarray(g) for i, g in zip(self.diff_idx, d_in)},
                 {k: np.asarray(v) for k, v in d_params.items()})
 
@@ -150,7 +154,7 @@ class Oracle:
         """(the rounding model of this oracle at these shapes, cached; its arguments)."""
         if not self.traceable:
             raise Unsupported("the oracle runs eagerly only (NumPy calls on its arguments)")
-        args = (self._diff_values(), self.others, self.params, self.arrays, jnp.asarray(dout))
+        args = (self._diff_values(), self.others, self.params, self.arrays, jax.device_put(dout))
         shapes = tuple((tuple(np.shape(x)), str(np.asarray(x).dtype))
                        for x in jax.tree_util.tree_leaves(args))
         key = (self.oracle, self.diff_idx, self.static_items, shapes)
@@ -160,16 +164,18 @@ class Oracle:
             model = _ROUNDING_MODELS[key] = RoundingModel(program, args, dout_index=4)
         return model, args
 
-    def spread(self, dout, seed=0):
+    def spread(self, dout, seed=0, kink_us=None):
         """The rounding model's spreads: (output Spread, {index: Spread}, {param: Spread}).
-        Raises Unsupported when the oracle cannot be traced."""
+        Raises Unsupported when the oracle cannot be traced.  kink_us: the roundoffs a later
+        ``kinks`` call will ask for; its flips then come from the spread's own draws."""
         try:
             model, args = self._model(dout)
-            out, (d_in, d_params) = model.spread(args, seed)
+            (out, (d_in, d_params)), flips = model.spread_and_flips(args, seed, kink_us)
         except Unsupported:
             raise
         except Exception as exc:  # a trace the model cannot follow
             raise Unsupported(f"{type(exc).__name__}: {exc}") from exc
+        self._flips = None if flips is None else (np.array(dout), seed, tuple(kink_us), flips)
         return out, dict(zip(self.diff_idx, d_in)), dict(d_params)
 
     def kinks(self, dout, us, seed=0):
@@ -177,7 +183,10 @@ class Oracle:
         comparisons flipped where rounding at the roundoffs us flips them (``RoundingModel.
         kinks``): (output, {index: moved}, {param: moved}, predicates flipped), or None."""
         model, args = self._model(dout)
-        found = model.kinks(args, us, seed)
+        memo, self._flips = self._flips, None
+        flips = memo[3] if memo is not None and memo[1:3] == (seed, tuple(us)) \
+            and np.array_equal(memo[0], dout) else None
+        found = model.kinks(args, us, seed, flips)
         if found is None:
             return None
         (out, (d_in, d_params)), n = found

@@ -39,10 +39,11 @@ float32, or whose forward runs in a lower precision than its backward, is modell
 (``Spread.at``).
 
 Each part's samples run under ``jax.vmap`` in one program, compiled once per oracle and shape
-and called once per part and chunk of samples: the chunk is sized from the memory the machine
-has (a quarter of what is available, at most MEMORY_CAP), so a large model runs its 16 samples
-in a few passes instead of failing; each operation's noise amplitude comes from one exact run
-(``RoundingModel``).
+and called once per part and chunk of samples (a program per part for a large program, whose
+unperturbed operations then run once for all samples): the chunk is sized from the memory the
+machine has (a quarter of what is available, at most MEMORY_CAP), so a large model runs its 16
+samples in a few passes instead of failing; each operation's noise amplitude comes from one
+exact run (``RoundingModel``), and each chunk's draws feed every part and the kink runs.
 
 Kinks: every comparison of the program (``PREDICATES``, max and min) is recorded in runs
 perturbed at the check's own roundoffs (``RoundingModel.kinks``); where one flips, a correct
@@ -65,6 +66,7 @@ U_SIM = 2.0 ** -30   # the simulation's roundoff; spreads are scaled by u / U_SI
 SAMPLES = 16         # perturbed runs per part of the program (checks.tolerances: LAMBDA)
 MEMORY_CAP = 2 ** 31             # bytes one chunk of the samples may take at most
 BYTES_PER_SAMPLE_ELEMENT = 24    # float32 noise, its float64 perturbation, the perturbed value
+PER_PART_ELEMENTS = 2 ** 22      # recorded elements beyond which each part gets its own program
 PARTS = ("forward", "forward_sums", "backward", "backward_sums", "inputs", "format")
 
 EXACT = {"neg", "abs", "sign", "max", "min", "select_n", "reshape", "transpose",
@@ -122,12 +124,12 @@ def _pair(u):
 class RoundingModel:
     """The perturbed program of one oracle at fixed shapes; ``spread`` runs it on values.
 
-    One compiled program, called once per part of the program, does everything: an exact run
-    that also records every operation's noise amplitude (|result|, and sqrt(1 + log2 k)
-    sum|terms| for a sum), then that part's perturbed runs under ``jax.vmap``, which add amplitude x noise and nothing else (to first order in u
-    the amplitude of the exact run is the amplitude of the perturbed one, so the perturbed runs
-    never recompute sum|terms|), then the spreads.  Each part's noise is drawn for its own
-    samples only.  It is compiled without XLA's costly passes: a model, not a result."""
+    One exact run records every operation's noise amplitude (|result|, and sqrt(1 + log2 k)
+    sum|terms| for a sum); one compiled program, called once per part of the program and chunk
+    of samples, then runs that part's perturbed runs under ``jax.vmap``, which add amplitude x
+    noise and nothing else (to first order in u the amplitude of the exact run is the amplitude
+    of the perturbed one, so the perturbed runs never recompute sum|terms|), and the spreads.
+    The programs are compiled without XLA's costly passes: a model, not a result."""
 
     def __init__(self, program, args, dout_index, samples=SAMPLES):
         self.closed, self.shapes = jax.make_jaxpr(program, return_shape=True)(*args)
@@ -141,7 +143,9 @@ class RoundingModel:
         counter = _Noise("record", self.record)
         jax.eval_shape(lambda f: self._eval(f, counter), flat)
         self.has_branches = counter.branches > 0
+        self._amplitudes_run = jax.jit(self._amplitudes, compiler_options=FAST_COMPILE)
         self._run = jax.jit(self._spreads, compiler_options=FAST_COMPILE)
+        self._run_part = jax.jit(self._spreads, static_argnums=4, compiler_options=FAST_COMPILE)
         self._flips_run = jax.jit(self._flips, compiler_options=FAST_COMPILE)
         self._moves_run = jax.jit(self._moves, compiler_options=FAST_COMPILE)
         self._one_by_one_run = jax.jit(self._one_by_one, compiler_options=FAST_COMPILE)
@@ -151,12 +155,21 @@ class RoundingModel:
         return _eval(self.closed.jaxpr, self.closed.consts, flat, self.backward_in, noise,
                      where="between" if self.layered else "inside")
 
-    def _spreads(self, flat, noises, part):
+    def _amplitudes(self, flat):
+        """(the exact run's outputs, every operation's noise amplitude in program order, every
+        comparison's predicate): one exact run, made once per ``spread`` or ``kinks`` and not
+        once per part and chunk of samples."""
+        amplitudes, preds = [], []
+        exact = self._eval(flat, _Noise("amplitude", amplitudes, preds=preds))
+        return exact, amplitudes, preds
+
+    def _spreads(self, flat, exact, amplitudes, noises, part):
         """Squared deviations of every output under the noise of one part only, summed over
-        the samples of ``noises`` (one chunk of them)."""
-        amplitudes = []
-        exact = self._eval(flat, _Noise("amplitude", amplitudes))
-        z = [jnp.where(p == part, U_SIM * xi, 0.0)                      # (N, ...) each
+        the samples of ``noises`` (one chunk of them).  ``noises`` holds every operation's
+        draws (``part`` traced: one program for all parts), or those of ``part``'s operations
+        and None for the others (``part`` static: one program per part, in which the
+        operations no noise reaches run once for all samples instead of once per sample)."""
+        z = [None if xi is None else jnp.where(p == part, U_SIM * xi, 0.0)  # (N, ...) each
              for xi, (_, p) in zip(noises, self.record)]
         perturbed = jax.vmap(lambda f, z: self._eval(f, _Noise("perturb", amplitudes, z)),
                              in_axes=(None, 0))(flat, z)
@@ -164,10 +177,10 @@ class RoundingModel:
         return [jnp.sum(jnp.where(p == e, 0.0, p - e) ** 2, axis=0)     # summed over N
                 for p, e in zip(perturbed, exact)]
 
-    def _flips(self, flat, noises):
-        """Per predicate of the program, where it flips in some perturbed run of the chunk."""
-        amplitudes, exact_preds = [], []
-        self._eval(flat, _Noise("amplitude", amplitudes, preds=exact_preds))
+    def _flips(self, flat, amplitudes, exact_preds, noises, scales):
+        """Per predicate of the program, where it flips in some perturbed run of the chunk
+        (noise: the standard draws times the scale of each operation's part)."""
+        noises = [scales[p] * xi for xi, (_, p) in zip(noises, self.record)]
 
         def predicates(f, z):
             preds = []
@@ -217,51 +230,83 @@ class RoundingModel:
             total = sums if total is None else [a + b for a, b in zip(total, sums)]
         return total
 
-    def kinks(self, args, us, seed=0):
+    def kinks(self, args, us, seed=0, flips=None):
         """(a pytree like the program's output of how far each element moves with its kinks'
         branches flipped, the number of predicate elements that flip), with noise at the
-        roundoffs us (one per part, ``PARTS``) times KINK_SIGMAS; None without comparisons."""
+        roundoffs us (one per part, ``PARTS``) times KINK_SIGMAS; None without comparisons.
+        flips: where the predicates flip, when ``spread_and_flips`` found them already."""
         if not self.has_branches:
             return None
         flat, _ = jax.tree_util.tree_flatten(args)
-        rng = np.random.default_rng([seed, 0x4B1])
-        flips = None
-        for n in _chunks(self.samples, self.elements):
-            noises = [(KINK_SIGMAS * us[p] * rng.standard_normal((n,) + shape)
-                       ).astype(np.float32) for shape, p in self.record]
-            found = [np.asarray(f) for f in self._flips_run(flat, noises)]
-            flips = found if flips is None else [a | b for a, b in zip(flips, found)]
+        if flips is None:
+            rng, exact = np.random.default_rng([seed, 0x4B1]), self._amplitudes_run(flat)
+            for n in _chunks(self.samples, self.elements):
+                noises = [rng.standard_normal((n,) + shape, np.float32) for shape, _ in self.record]
+                flips = self._add_flips(flips, flat, exact, noises, us)
+        tree = jax.tree_util.tree_structure(self.shapes)
+        if not any(f.any() for f in flips):  # nothing flips: no program to trace and run
+            return (jax.tree_util.tree_unflatten(tree, [np.zeros(s.shape) for s in
+                                                        jax.tree_util.tree_leaves(self.shapes)]),
+                    0)
         moved, n = self._moves_run(flat, flips)
         moved = [np.asarray(m, np.float64) for m in moved]
         each = self._each_flip(flat, flips)
         if each is not None:  # (a padded batch counts its first flip again: a bound still)
             moved = [np.maximum(m, e) for m, e in zip(moved, each)]
-        return (jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(self.shapes), moved),
-                int(n))
+        return jax.tree_util.tree_unflatten(tree, moved), int(n)
+
+    def _add_flips(self, flips, flat, exact, noises, us):
+        """flips or'ed with where the predicates flip under standard normal ``noises`` scaled
+        to KINK_SIGMAS times each part's roundoff in ``us`` (exact: ``_amplitudes``'s run)."""
+        _, amplitudes, preds = exact
+        scales = np.float32(KINK_SIGMAS) * np.asarray(us, np.float32)  # (parts,)
+        found = [np.asarray(f) for f in self._flips_run(flat, amplitudes, preds, noises, scales)]
+        return found if flips is None else [a | b for a, b in zip(flips, found)]
 
     def spread(self, args, seed=0):
         """A pytree like the program's output with one Spread per leaf."""
+        return self.spread_and_flips(args, seed)[0]
+
+    def spread_and_flips(self, args, seed=0, kink_us=None):
+        """(``spread``, where the predicates flip with the same draws at the roundoffs kink_us,
+        for ``kinks``: None without kink_us or comparisons).  One exact run gives every
+        operation's amplitude; each chunk of normal draws then feeds every part's perturbed
+        runs and the flip runs, so the draws, the costliest host work, are made once."""
         flat, _ = jax.tree_util.tree_flatten(args)
         rng = np.random.default_rng([seed, 0x40D])
-        # one compiled program, run once per part and chunk of samples: memory holds one
-        # chunk's runs (``_chunks``); a part with no perturbation, such as the format of a
-        # single layer, spreads nothing
+        # one compiled program, run once per part and chunk of samples (a program per part
+        # beyond PER_PART_ELEMENTS, where running the unperturbed operations once saves more
+        # than tracing and compiling a program per part costs): memory holds one chunk's runs
+        # (``_chunks``); a part with no perturbation, such as the format of a single layer,
+        # spreads nothing
         used = sorted({p for _, p in self.record})
-        sums = {}
+        per_part = self.elements > PER_PART_ELEMENTS
+        sums, exact, flips = {}, self._amplitudes_run(flat), None
         for n in _chunks(self.samples, self.elements):
             # float32 draws: the noise needs no precision
-            noises = [rng.standard_normal((n,) + shape, np.float32)  # (n, ...) each
-                      for shape, _ in self.record]
+            noises = jax.device_put([rng.standard_normal((n,) + shape, np.float32)  # (n, ...)
+                                     for shape, _ in self.record])  # once for every part
             for part in used:
-                sq = [np.asarray(a, np.float64) for a in self._run(flat, noises, part)]
+                if per_part:  # each part's program gets its own operations' noise only
+                    own = [xi if p == part else None for xi, (_, p) in zip(noises, self.record)]
+                    sq = self._run_part(flat, *exact[:2], own, part)
+                else:
+                    sq = self._run(flat, *exact[:2], noises, part)
+                sq = [np.asarray(a, np.float64) for a in sq]
                 sums[part] = sq if part not in sums else [a + b for a, b in zip(sums[part], sq)]
+            if kink_us is not None and self.has_branches:
+                try:
+                    flips = self._add_flips(flips, flat, exact, noises, kink_us)
+                except Exception:  # a program the flip runs cannot follow: ``kinks`` says why
+                    kink_us = flips = None
         zeros = [np.zeros(shape) for shape in
                  (s.shape for s in jax.tree_util.tree_leaves(self.shapes))]
         per_part = [[np.sqrt(a / self.samples) for a in sums[part]] if part in sums else zeros
                     for part in range(len(PARTS))]
         spreads = [Spread(*(np.asarray(rms, np.float64) for rms in leaf))
                    for leaf in zip(*per_part)]
-        return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(self.shapes), spreads)
+        return (jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(self.shapes), spreads),
+                flips)
 
 
 def _available_memory() -> int:
@@ -306,7 +351,7 @@ class _Noise:
         if self.mode == "amplitude":
             self.store.append(amplitude())
             return 0.0
-        if self.mode == "exact":
+        if self.mode == "exact" or self.noises[k] is None:  # None: another part's operation
             return 0.0
         return self.store[k] * self.noises[k]
 

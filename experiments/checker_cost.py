@@ -9,8 +9,11 @@ compilation and a peak is that process's own maximum resident memory (``ru_maxrs
   (checks.jax_cache) and again in a second process that reads it; ``gradcheck`` in its default
   (full Jacobian) and fast mode on the PyTorch twin of the layer (experiments.peers_torch), when
   PyTorch is installed; ``check_grads`` (order 1, reverse mode) on the JAX oracle, first and warm.
-* whole model (registry row ``model``, float64) at MODEL_SIZES: time and peak memory.  A child
-  whose resident memory passes MEMORY_CAP is stopped (the machine is shared) and reported so.
+* whole model (registry row ``model``, MODEL_DTYPE) at MODEL_SIZES: time, peak memory, verdict
+  and the machine's load average (1 min) before and after.  A child whose resident memory
+  passes MEMORY_CAP is stopped (the machine is shared) and reported so.
+
+``python -m experiments.checker_cost [--no-peers] [--no-layer]`` prints the tables alone.
 """
 from __future__ import annotations
 
@@ -25,9 +28,11 @@ import numpy as np
 
 # sizes of the layer check: the registry's defaults, and a larger attention layer
 LAYER_SIZES = {"registry": {}, "larger": {"B": 4, "T": 32, "S": 32, "D": 64, "H": 4}}
-# sizes of the whole-model check (its row fixes D, H, F, V): the registry's, and the bench's
-# large training step's batch and length
+# sizes of the whole-model check: the registry's, and the bench's large training step's batch
+# and length.  The row fixes its widths (D 6, H 2, F 8, V 4: every tensor small enough for
+# finite differences) and rejects other D, H, F, so "large" is B 32, T 64 at those widths
 MODEL_SIZES = {"registry": {}, "large": {"B": 32, "T": 64}}
+MODEL_DTYPE = "float32"
 MEMORY_CAP = 16 * 2 ** 30  # bytes of resident memory a child may reach before it is stopped
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -96,12 +101,15 @@ def _gradcheck_times(x, params) -> dict:
     return out
 
 
-def model_check_cost(sizes: dict) -> dict:
-    """The whole-model check's seconds, verdict and this process's peak resident memory."""
+def model_check_cost(sizes: dict, dtype: str = MODEL_DTYPE) -> dict:
+    """The whole-model check's seconds, verdict, this process's peak resident memory and the
+    load average (1 min) before and after."""
     import checks  # noqa: F401
     from checks.registry import BY_NAME, run_row
-    seconds, report = _seconds(lambda: run_row(BY_NAME["model"], np.float64, sizes=sizes))
-    return {"seconds": seconds, "ok": report.ok, "peak_bytes": _peak_bytes()}
+    load = os.getloadavg()[0]
+    seconds, report = _seconds(lambda: run_row(BY_NAME["model"], np.dtype(dtype), sizes=sizes))
+    return {"seconds": seconds, "ok": report.ok, "peak_bytes": _peak_bytes(), "dtype": dtype,
+            "load": [load, os.getloadavg()[0]]}
 
 
 # --- the parent's side ----------------------------------------------------------------------
@@ -136,17 +144,17 @@ def in_child(function: str, env=None, **kwargs) -> dict:
         return json.loads(out.read().strip().splitlines()[-1])
 
 
-def measure(peers: bool = True) -> dict:
+def measure(peers: bool = True, layer_sizes=LAYER_SIZES, model_sizes=MODEL_SIZES) -> dict:
     """Every figure of the module docstring: {"layer": {size: {...}}, "model": {size: {...}}}."""
     layer = {}
-    for name, sizes in LAYER_SIZES.items():
+    for name, sizes in layer_sizes.items():
         with tempfile.TemporaryDirectory() as cache:  # an empty persistent cache, then a full one
             env = {**os.environ, "GRADLAB_JAX_CACHE": cache}
             env.pop("JAX_COMPILATION_CACHE_DIR", None)
             layer[name] = in_child("layer_check_times", env, sizes=sizes, peers=peers)
             again = in_child("layer_check_times", env, sizes=sizes, peers=False)
             layer[name]["check_layer_first_cached"] = again.get("check_layer_first", float("nan"))
-    model = {name: in_child("model_check_cost", sizes=sizes) for name, sizes in MODEL_SIZES.items()}
+    model = {name: in_child("model_check_cost", sizes=sizes) for name, sizes in model_sizes.items()}
     return {"layer": layer, "model": model}
 
 
@@ -156,7 +164,7 @@ def _size_text(name, sizes, base) -> str:
 
 def format_cost(cost: dict) -> str:
     """Two tables: the layer check against its peers, the whole-model check's time and memory."""
-    from checks.registry import DEFAULT_SIZES
+    from checks.registry import BY_NAME, DEFAULT_SIZES
 
     base = {k: DEFAULT_SIZES[k] for k in ("B", "T", "S", "D", "H")}
     cols = (("check_layer first", "check_layer_first", "check_layer_ok"),
@@ -180,11 +188,15 @@ def format_cost(cost: dict) -> str:
         lines.append(f"{label:44s}" + "".join(f" {cell(r, key, ok):>18s}" for _, key, ok in cols))
         if r.get("gradcheck_note"):
             lines.append(f"  gradcheck: {r['gradcheck_note']}")
-    lines += ["", f"{'whole-model check, float64':44s} {'time':>12s} {'peak memory':>14s}"]
+    lines += ["", f"{'whole-model check, ' + MODEL_DTYPE:44s} {'time':>12s} {'peak memory':>14s}"
+                  f" {'load average':>14s}"]
+    widths = {k: v for k, v in BY_NAME["model"].fixed.items() if k in ("D", "H", "F")}
     for name, r in cost["model"].items():
-        label = _size_text(name, MODEL_SIZES[name], {k: DEFAULT_SIZES[k] for k in ("B", "T")})
+        label = _size_text(name, MODEL_SIZES.get(name, {}),
+                           {**{k: DEFAULT_SIZES[k] for k in ("B", "T")}, **widths})
+        load = "-" if "load" not in r else "%.1f, %.1f" % tuple(r["load"])
         lines.append(f"{label:44s} " + (r["error"] if "error" in r else
-                     f"{r['seconds']:10.1f} s {r['peak_bytes'] / 2 ** 30:10.2f} GiB"
+                     f"{r['seconds']:10.1f} s {r['peak_bytes'] / 2 ** 30:10.2f} GiB {load:>14s}"
                      + ("" if r["ok"] else "  FAILED")))
     return "\n".join(lines)
 
@@ -204,9 +216,26 @@ def target_lines(cost: dict) -> list:
                      f"<= {FIRST_CACHED_MOST} s: {'met' if got <= FIRST_CACHED_MOST else 'NOT met'} "
                      f"({got:.2f} s)")
     m = cost["model"].get("large", {})
-    if "seconds" in m:
-        ok = m["seconds"] <= MODEL_MOST[0] and m["peak_bytes"] <= MODEL_MOST[1]
+    if "seconds" in m:  # a check that fails a correct model meets nothing
+        ok = m["seconds"] <= MODEL_MOST[0] and m["peak_bytes"] <= MODEL_MOST[1] and m["ok"]
         lines.append(f"target whole-model check at the large size: <= {MODEL_MOST[0]:.0f} s and "
-                     f"<= {MODEL_MOST[1] / 2 ** 30:.0f} GiB: {'met' if ok else 'NOT met'} "
-                     f"({m['seconds']:.1f} s, {m['peak_bytes'] / 2 ** 30:.2f} GiB)")
+                     f"<= {MODEL_MOST[1] / 2 ** 30:.0f} GiB, passing: {'met' if ok else 'NOT met'} "
+                     f"({m['seconds']:.1f} s, {m['peak_bytes'] / 2 ** 30:.2f} GiB"
+                     + ("" if m["ok"] else ", FAILED") + ")")
     return lines
+
+
+if __name__ == "__main__":
+    import argparse
+    parser = argparse.ArgumentParser(prog="python -m experiments.checker_cost",
+                                     description="the checker's own cost, as the bench prints it")
+    parser.add_argument("--no-peers", dest="peers", action="store_false",
+                        help="without gradcheck and check_grads")
+    parser.add_argument("--no-layer", dest="layer", action="store_false",
+                        help="the whole-model check only")
+    parser.add_argument("--no-model", dest="model", action="store_false",
+                        help="the layer check only")
+    args = parser.parse_args()
+    cost = measure(peers=args.peers, layer_sizes=LAYER_SIZES if args.layer else {},
+                   model_sizes=MODEL_SIZES if args.model else {})
+    print("\n".join([format_cost(cost), *target_lines(cost)]))

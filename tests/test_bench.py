@@ -110,4 +110,15 @@ def test_checker_targets_are_judged_on_the_measured_figures():
             "model": {"large": {"seconds": 20.0, "peak_bytes": 3 * 2 ** 30, "ok": True}}}
     lines = checker_cost.target_lines(cost)
     assert "<= 0.5 s: NOT met (0.70 s)" in lines[0]
-    assert "<= 30 s and <= 4 GiB: met (20.0 s, 3.00 GiB)" in lines[1]
+    assert "<= 30 s and <= 4 GiB, passing: met (20.0 s, 3.00 GiB)" in lines[1]
+    cost["model"]["large"]["ok"] = False  # fast and small, but a correct model failed
+    assert "passing: NOT met (20.0 s, 3.00 GiB, FAILED)" in checker_cost.target_lines(cost)[1]
+
+
+def test_the_model_rows_name_their_dtype_widths_and_load_average():
+    from experiments import checker_cost
+    cost = {"layer": {}, "model": {"large": {"seconds": 20.0, "peak_bytes": 3 * 2 ** 30,
+                                             "ok": True, "dtype": "float32", "load": [1.5, 2.0]}}}
+    text = checker_cost.format_cost(cost)
+    assert "whole-model check, float32" in text
+    assert "large (B 32 T 64 D 6 H 2 F 8)" in text and "1.5, 2.0" in text
