@@ -313,7 +313,7 @@ def parser_for(command):
                    description="every layer x dtype over many seeds and random shapes: the worst "
                                "error as a fraction of its tolerance")
         p.add_argument("--seeds", type=_positive, default=None,
-                       help="seeds per layer x dtype (default 200; with --wild, 17)")
+                       help="seeds per layer x dtype (default 200; with --wild, 9)")
         _cluster_options(p)
         p.add_argument("--wild", action="store_true",
                        help="user-style cases instead of the registry (checks.calibrate_wild)")
