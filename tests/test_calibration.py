@@ -97,8 +97,10 @@ def test_a_slice_of_the_wild_calibration_judges_correct_kernels_ok_and_bugs_the_
                                                         "negated", "W1"),
              Task("mha -inf mask", "bfloat16", "registry", 1),
              Task("rnn (lax.scan)", "float32", "registry", 2, "row x1.05", "U"),
-             Task("article's loss", "float64", "registry", 0)]
+             Task("article's loss", "float64", "registry", 0),
+             Task("plain layernorm", "bfloat16", "registry", 0),
+             Task("plain layernorm", "bfloat16", "registry", 0, "x1.5", "g")]
     results = [run_task(t) for t in tasks]
-    assert [o for _, o in results] == ["ok", "hand", "ok", "hand", "noted"], results
-    assert "5 checks: 3 correct kernels, 0 false" in summary(results)
+    assert [o for _, o in results] == ["ok", "hand", "ok", "hand", "noted", "ok", "hand"], results
+    assert "7 checks: 4 correct kernels, 0 false" in summary(results)
     assert confusion(results).splitlines()[0].split()[:3] == ["case", "dtype", "correct"]
