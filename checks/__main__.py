@@ -19,7 +19,7 @@ import sys
 
 import numpy as np
 
-from checks.calibrate import LARGE_SEEDS
+from checks.calibrate import EDGE_SEEDS, ILL_SEEDS, LARGE_SEEDS
 from checks.legs import FD_SCHEMES
 from checks.registry import BY_NAME, DEFAULT_SIZES, ROWS, run_row
 from checks.report import format_table, reports_to_json
@@ -228,7 +228,8 @@ def calibrate(args) -> int:
     dtypes = args.dtype or list(DEFAULT_FORMATS)
     margins = _on_cluster(args, run, rows, dtypes, args.seeds, fd=args.fd,
                           shape_seed=args.shape_seed, cases=ALL_CASES,
-                          large_seeds=args.large_seeds)
+                          large_seeds=args.large_seeds, edge_seeds=args.edge_seeds,
+                          ill_seeds=args.ill_seeds)
     print(format_margins([m for m in margins if m.case == "random shapes"]))
     print()
     print(format_cases(margins))
@@ -312,7 +313,7 @@ def parser_for(command):
                    description="every layer x dtype over many seeds and random shapes: the worst "
                                "error as a fraction of its tolerance")
         p.add_argument("--seeds", type=_positive, default=None,
-                       help="seeds per layer x dtype (default 200; with --wild, 17)")
+                       help="seeds per layer x dtype (default 200; with --wild, 9)")
         _cluster_options(p)
         p.add_argument("--wild", action="store_true",
                        help="user-style cases instead of the registry (checks.calibrate_wild)")
@@ -324,6 +325,10 @@ def parser_for(command):
                        help="seed of the random shapes (8 drawn per run, the default one included)")
         p.add_argument("--large-seeds", type=_count, default=LARGE_SEEDS,
                        help="seeds at the bench's large size (a minute each; 0 skips that case)")
+        p.add_argument("--edge-seeds", type=_count, default=EDGE_SEEDS,
+                       help=f"seeds per row x dtype x edge shape (default {EDGE_SEEDS})")
+        p.add_argument("--ill-seeds", type=_count, default=ILL_SEEDS,
+                       help=f"seeds per row x dtype x ill-conditioned case (default {ILL_SEEDS})")
         p.add_argument("--write-docs", action="store_true",
                        help="write the tables into docs/tolerances.md")
         return p, calibrate

@@ -36,6 +36,7 @@ from checks.rounding import Unsupported
 from checks.signature import in_format, precision_change
 from checks.verdict import BLAMES_ORACLE, Finding, Kind, Note, Verdict
 from kernels.backend import to_numpy
+from kernels.precision import compute_format_of
 
 CHECKER_STREAM = 0x6C6162  # mixed into the seed of the checker's random stream
 FALLBACK_SAFETY = 64.0     # normwise fallback when the oracle has no rounding model
@@ -127,7 +128,10 @@ class LayerCheck:
         self.inputs, self.params = contract.inputs_list(inputs), params
         self.static, self.nondiff, self.seed, self.name = dict(static or {}), set(nondiff), seed, name
         self.input_names, self.axes, self.sizes = input_names, dict(axes or {}), sizes
-        self.fd_scheme, self.policy, self.given_dout = fd, policy, dout
+        # half precision is judged by the compute format the kernel declares (plain NumPy's
+        # rounding when it declares none: kernels.precision.computes_in)
+        self.fd_scheme, self.given_dout = fd, dout
+        self.policy = policy.for_compute(compute_format_of(forward, backward))
         self.notes, self.forward_error, self.forward_score = [], math.nan, math.nan
         self.forward_ok, self.judges, self.kink_moved = False, {}, {}
 
@@ -310,6 +314,7 @@ class LayerCheck:
                           self.dtype, self.fd, self.rng, self.policy, self._caveats)
             self.judges[tname] = judge
             self.results.append(judge.judge(hand))
+        self._gradient_dtypes()
         self._recognise_low_precision_backward()
         self._bug_shaped_under_a_finding()
         for key in sorted(set(self.dparams) - set(self.params)):
@@ -319,6 +324,17 @@ class LayerCheck:
             if not tolerances.is_float(self.host_inputs[i].dtype) and self.dinputs[i] is not None:
                 self.results.append(TensorResult(name_i, (), verdict=Verdict(
                     Kind.EXTRA_GRADIENT, "an integer input; expected None")))
+
+    def _gradient_dtypes(self):
+        """A gradient returned in another dtype than the inputs' is a finding of the check (as
+        the forward's is), so ``assert_layer`` fails on it unless allowed by name."""
+        got = [self.dinputs[j.key] if isinstance(j.key, int) else self.dparams.get(j.key)
+               for j in self.judges.values()]
+        changed = {str(g.dtype) for g in got if getattr(g, "dtype", self.dtype) != self.dtype
+                   and tolerances.is_float(g.dtype)}
+        known = {dict(n.values).get("got") for n in self.notes if n.finding is Finding.PROMOTES}
+        for name in sorted(changed - known):
+            self.notes.append(Note(Finding.PROMOTES, (("dtype", str(self.dtype)), ("got", name))))
 
     def _caveats(self):
         """Why the oracle's autodiff may differ from the derivative of its forward (computed

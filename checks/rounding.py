@@ -13,14 +13,22 @@ gradient) as one program, then re-run that program with every rounding operation
 
     every operation with a floating result (add, mul, exp, rsqrt, dot ...)
                                     + u_e xi |out|                        (the result's rounding)
-    sums of k terms (reduce_sum, dot_general, cumsum, scatter-add)
+    matrix products of k terms (dot_general)
                                     + u_s xi sqrt(1 + log2 k) sum|terms|  (the accumulation)
+    sums of k terms (reduce_sum, cumsum, scatter-add)
+                                    + u_e xi max(sqrt(1 + log2 k) sum|terms|, sqrt(sum_i S_i^2))
     exact operations (reshape, select, max, neg, convert ...)   unchanged
     array constants of the program (a table the oracle computes in NumPy)
                                     + u_e xi |value|             (the kernel holds them rounded)
 
 with xi ~ N(0, 1) independent for every operation and element (Monte Carlo arithmetic, Parker
-1997; sqrt(1 + log2 k) is the random-walk growth of a pairwise or blocked sum, Higham & Mary 2019).
+1997; sqrt(1 + log2 k) is the random-walk growth of a pairwise or blocked sum, Higham & Mary 2019;
+S_i = t_1 + ... + t_i are the partial sums of a sum taken one term after the other, as NumPy sums
+along a non-contiguous axis and ml_dtypes' bfloat16 always: each step rounds S_i, Higham 4.2).
+A matrix product's accumulation is its own part (``forward_sums``, ``backward_sums``), at the
+roundoff of the format it accumulates in; a sum's accumulation rounds with the sum's results, at
+the roundoff of its results: plain NumPy on half-precision arrays accumulates a product in
+float32 but a sum in the format itself (``kernels.precision.PLAIN``, ``Policy.plain``).
 The root-mean-square deviation of the perturbed results from the exact one, element by element, is
 the rounding error that a correct implementation of the same maths shows at that element.
 
@@ -488,8 +496,10 @@ def _round(name, eqn, ins, out, noise, part):
     out = out + noise(jnp.shape(out), part, lambda: _finite(jnp.abs(exact)))
     if name not in SUMS:
         return out
-    sums = part if part == "format" else part + "_sums"
-    return out + noise(jnp.shape(out), sums, lambda: _finite(_sum_amplitude(name, eqn, ins)))
+    # a product accumulates in its own part; a sum rounds with its results (module docstring)
+    sums = part + "_sums" if name == "dot_general" and part != "format" else part
+    return out + noise(jnp.shape(out), sums,
+                       lambda: _finite(_sum_amplitude(name, eqn, ins, exact)))
 
 
 def _finite(amplitude):
@@ -497,8 +507,9 @@ def _finite(amplitude):
     return jnp.where(jnp.isfinite(amplitude), amplitude, 0.0)
 
 
-def _sum_amplitude(name, eqn, ins):
-    """sqrt(1 + log2 k) sum|terms| of a sum of k terms."""
+def _sum_amplitude(name, eqn, ins, out):
+    """sqrt(1 + log2 k) sum|terms| of a sum of k terms (pairwise or blocked); for reduce_sum and
+    cumsum at least sqrt(sum_i S_i^2), the partial sums' of a sum taken term by term."""
     params = eqn.params
     if name == "dot_general":
         (contract, _), _ = params["dimension_numbers"]
@@ -508,7 +519,21 @@ def _sum_amplitude(name, eqn, ins):
         axes = params.get("axes", (params.get("axis", 0),))
         k = math.prod(jnp.shape(ins[0])[d] for d in axes)
         terms = eqn.primitive.bind(jnp.abs(ins[0]), **params)
+        pairwise = math.sqrt(1 + math.log2(max(k, 1))) * terms
+        return jnp.maximum(pairwise, _sequential(name, params, ins[0], out, axes))
     else:  # scatter-add: a few repeated ids add up
         k = 2
         terms = eqn.primitive.bind(jnp.abs(ins[0]), ins[1], jnp.abs(ins[2]), **params)
     return math.sqrt(1 + math.log2(max(k, 1))) * terms
+
+
+def _sequential(name, params, x, out, axes):
+    """sqrt(sum_i S_i^2) over the partial sums S_i of a sum over ``axes`` taken term by term (in
+    index order); for a cumsum, of every partial sum up to each output."""
+    if name == "cumsum":
+        return jnp.sqrt(jax.lax.cumsum(out * out, axis=params["axis"],
+                                       reverse=params["reverse"]))
+    lead = tuple(range(len(axes)))
+    terms = jnp.moveaxis(x, axes, lead).reshape((-1,) + jnp.shape(out))      # (k, *out)
+    partial = jnp.cumsum(terms, axis=0)                                       # (k, *out)
+    return jnp.sqrt(jnp.sum(partial * partial, axis=0))

@@ -30,11 +30,15 @@ Notation: u is the unit roundoff of a format (2^-53 float64, 2^-24 float32, 2^-1
    large tensor is judged at its own scale (no bug hides below the largest element's tolerance),
    and a long reduction adds sqrt(1 + log2 k) to its own elements only.
 
-   Half precision (float16, bfloat16; ``docs/half-precision.md``): the lab's kernels compute
-   in float32 and round once what they return (``kernels.precision``), so the operations inside
-   run at float32's u (``Policy.compute``) and the ULPS term, at the format's u, is the final
-   rounding; a composition's layer outputs and the steps between its layers round at the
-   format's u (the rounding model's ``format`` part).
+   Half precision (float16, bfloat16; ``docs/half-precision.md``): a kernel's compute format
+   (``kernels.precision.computes_in``) says how it rounds inside.  The lab's kernels declare
+   "float32 inside": they compute in float32 and round once what they return, so the operations
+   inside run at float32's u (``Policy.compute``) and the ULPS term, at the format's u, is the
+   final rounding.  A kernel that declares nothing is judged as plain NumPy computes
+   (``Policy.plain``): every result and every sum rounded in the format, term by term, and only
+   a matrix product's accumulation in float32; that model rounds more than "float32 inside",
+   never less, so a correct kernel of either kind passes.  A composition's layer outputs and the
+   steps between its layers round at the format's u (the rounding model's ``format`` part).
 
 2. The forward against the oracle: the same rule on the output elements.  A float64 forward whose
    errors exceed float64's spread but lie within float32's is recognised as computing in lower
@@ -61,6 +65,7 @@ import numpy
 
 # a floating format (bfloat16 included) and its numpy.finfo: one definition, the kernels'
 from kernels.precision import finfo, is_float_dtype as is_float  # noqa: F401
+from kernels.precision import COMPUTE_FORMATS, FLOAT32_INSIDE
 
 U64 = float(numpy.finfo(numpy.float64).eps) / 2
 
@@ -79,11 +84,14 @@ class Policy:
     COMPLEX_STEP_ULPS: float = 1e3  # complex step: rounding only
     FD_ELEMENTWISE_MAX: int = 256   # tensors up to this size also get element-wise FD
     LOW_PRECISION: str = "float32"  # the lower precision a float64 forward is recognised in
-    # per half-precision format, the formats of a kernel's (results, sums) inside: the lab's
-    # kernels compute in float32 and round once what they return (kernels.precision), a
-    # rounding the ULPS term covers; in a composition the rounding model's format part covers
-    # the roundings between layers (checks.rounding)
+    # per half-precision format, the formats of a kernel's (results and sums, products'
+    # accumulation) inside: the lab's kernels compute in float32 and round once what they
+    # return (kernels.precision), a rounding the ULPS term covers; in a composition the rounding
+    # model's format part covers the roundings between layers (checks.rounding)
     compute: tuple = (("float16", ("float32", "float32")), ("bfloat16", ("float32", "float32")))
+    # ... and of a kernel that declares no compute format: plain NumPy rounds every result and
+    # sum in the format and accumulates a matrix product in float32 (kernels.precision.PLAIN)
+    plain: tuple = (("float16", ("float16", "float32")), ("bfloat16", ("bfloat16", "float32")))
 
     def override(self, changes=None, dtype=None) -> "Policy":
         """This policy with a registry row's overrides (``Row.tolerance``): field -> value for
@@ -98,8 +106,16 @@ class Policy:
                              f"are {sorted(fields)}")
         return dataclasses.replace(self, **mine) if mine else self
 
+    def for_compute(self, compute) -> "Policy":
+        """This policy for a kernel of the compute format ``compute`` (``kernels.precision``:
+        FLOAT32_INSIDE keeps ``compute``, PLAIN judges half precision by ``plain``)."""
+        if compute not in COMPUTE_FORMATS:
+            raise ValueError(f"compute: expected one of {COMPUTE_FORMATS}, got {compute!r}")
+        return self if compute == FLOAT32_INSIDE else dataclasses.replace(self, compute=self.plain)
+
     def u(self, dtype) -> tuple:
-        """(u of results, u of sums) of a format under this policy."""
+        """(u of results and sums, u of a product's accumulation) of a format under this
+        policy."""
         inside = dict(self.compute).get(numpy.dtype(dtype).name)
         if inside is None:
             return (unit_roundoff(dtype),) * 2

@@ -51,7 +51,8 @@ class Verdict:
 class Finding(enum.Enum):
     """Precision quirks: reported, never failures by themselves, never a reason to skip a check."""
     PROMOTES = ("promotes {dtype} to {got}: look for a NumPy float64 scalar or an untyped "
-                "constant (np.sqrt(2 / np.pi) * x promotes under NumPy 2)")
+                "constant (np.sqrt(2 / np.pi) * x promotes under NumPy 2), or a bfloat16 matrix "
+                "product (ml_dtypes' @ returns float32: round it back with .astype)")
     LOW_PRECISION_FORWARD = ("the forward computes in lower precision than its {dtype} inputs "
                              "(its errors are {low}'s, {ratio:.2g}x what float64 rounding explains): "
                              "the forward and the inputs it rounds are judged at {low}'s "

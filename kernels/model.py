@@ -46,6 +46,7 @@ from kernels.linear import linear_backward, linear_forward
 from kernels.loss import cross_entropy_backward, cross_entropy_forward
 from kernels.norm import rms_norm_backward, rms_norm_forward
 from kernels.positional import posenc_backward, posenc_forward
+from kernels.precision import FLOAT32_INSIDE, computes_in
 
 
 # --- configuration and parameters --------------------------------------------------------
@@ -465,6 +466,7 @@ def teacher_forcing(tgt, config, xp):
     return xp.concatenate([start, tgt], axis=1), xp.concatenate([tgt, finish], axis=1)
 
 
+@computes_in(FLOAT32_INSIDE)  # its layers' policy; between them it rounds to the format
 def model_forward(src, tgt, params, *, embedding, dropout=0.0, dropout_mask=None, rng=None,
                   watch: Callable | None = None, tape=DIRECT, norm_position="pre"):
     """Training loss of the whole model.  src: (B, S) ids; tgt: (B, T) ids; params as
@@ -490,6 +492,7 @@ def model_forward(src, tgt, params, *, embedding, dropout=0.0, dropout_mask=None
     return loss, ModelCache(encoder, decoder, loss_cache, logits, tuple(params), tape)
 
 
+@computes_in(FLOAT32_INSIDE)
 def model_backward(dloss, cache, *, watch: Callable | None = None):
     """Every parameter's gradient, the stages' backwards called in reverse order (through the
     tape of the forward).  Returns ((None, None), grads): token ids take no gradient; grads has

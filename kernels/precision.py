@@ -25,6 +25,17 @@ bfloat16), as the activations of a mixed-precision model do.
 
 bfloat16 comes from ml_dtypes (installed with JAX); NumPy arithmetic on it is slow, which the
 float32 compute avoids.  CuPy has float16 but no bfloat16.
+
+A kernel's compute format is what the checker models its rounding with (``computes_in``):
+
+* ``FLOAT32_INSIDE`` ("float32"), the policy above: the two decorators declare it;
+* ``PLAIN`` ("plain"), what NumPy itself does on half-precision arrays, the default for a kernel
+  that declares nothing: a matrix product (``@``, ``dot``, ``tensordot``) accumulates in float32
+  and is rounded once to the format (ml_dtypes' bfloat16 ``@`` even returns float32, which the
+  kernel must round back itself), every element-wise operation (exp, tanh, *, /) rounds its
+  result to the format, and a sum (``sum``, ``mean``, ``cumsum``) rounds in the format at every
+  step, one term after the other (bfloat16 always, float16 along a non-contiguous axis: a sum of
+  ones stalls at 256 in bfloat16, at 2048 in float16).
 """
 from __future__ import annotations
 
@@ -41,6 +52,9 @@ except ImportError:  # pragma: no cover
 FLOAT16 = numpy.dtype(numpy.float16)
 COMPUTE = numpy.dtype(numpy.float32)  # what a half-precision kernel computes in
 HALF = tuple(d for d in (FLOAT16, BFLOAT16) if d is not None)
+FLOAT32_INSIDE = "float32"  # compute formats a kernel may declare (module docstring)
+PLAIN = "plain"
+COMPUTE_FORMATS = (FLOAT32_INSIDE, PLAIN)
 FORMATS = ("float64", "float32", "float16", "bfloat16")  # the formats every kernel accepts
 
 
@@ -80,6 +94,28 @@ def format_of(*arrays, where="arrays"):
     return half[0]
 
 
+def computes_in(compute):
+    """Decorator: declare the compute format of a kernel's forward or backward for the checker
+    (``FLOAT32_INSIDE`` or ``PLAIN``, module docstring); the function itself is unchanged."""
+    if compute not in COMPUTE_FORMATS:
+        raise ValueError(f"compute: expected one of {COMPUTE_FORMATS}, got {compute!r}")
+
+    def declare(fn):
+        fn.compute_format = compute
+        return fn
+    return declare
+
+
+def compute_format_of(*fns) -> str:
+    """The compute format the first of fns that declares one declares; PLAIN when none does
+    (plain NumPy's rounding covers float32 inside: it rounds more, never less)."""
+    for fn in fns:
+        compute = getattr(fn, "compute_format", None)
+        if compute is not None:
+            return compute
+    return PLAIN
+
+
 def upcast(value, dtype):
     """value in float32 when it is an array of the half-precision format dtype; else unchanged."""
     if hasattr(value, "dtype") and value.dtype == dtype:
@@ -112,6 +148,7 @@ def half_precision(forward):
         out, cache = forward(*inputs, {k: upcast(v, fmt) for k, v in params.items()}, **static)
         return round_to(out, fmt), cache
     wrapped.half_precision = True  # the discovery test reads it
+    wrapped.compute_format = FLOAT32_INSIDE
     return wrapped
 
 
@@ -125,4 +162,5 @@ def half_precision_backward(backward):
             return backward(dout, cache, **options)
         return round_to(backward(upcast(dout, fmt), cache, **options), fmt)
     wrapped.half_precision = True
+    wrapped.compute_format = FLOAT32_INSIDE
     return wrapped
