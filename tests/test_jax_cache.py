@@ -46,12 +46,14 @@ def test_a_second_process_loads_the_checks_programs_from_the_cache(tmp_path):
     assert all(run["ok"] and run["dir"] == str(tmp_path / "jax") for run in runs)
     assert written, "the first process wrote the programs that took long to compile"
     assert runs[0]["hits"] == 0
-    assert runs[1]["hits"] >= len(written)       # every written program is read back ...
-    assert sorted((tmp_path / "jax").glob("*-cache")) == written  # ... and none written again
     # every program the check compiles comes from the cache but the oracle's own vjp, which
-    # compiles in about MIN_COMPILE_SECONDS and may or may not have been written; an input moved
-    # with jnp.asarray instead of jax.device_put compiles a small program per shape (a dozen in
-    # this check, tens of milliseconds each, below the threshold, so never cached)
+    # compiles in about MIN_COMPILE_SECONDS and may or may not have been written (on a loaded
+    # machine the first process wrote it and the second still compiled it: 3 hits of 4
+    # written), so every written program but that one is read back, and none is written again;
+    # an input moved with jnp.asarray instead of jax.device_put compiles a small program per
+    # shape (a dozen in this check, tens of milliseconds each, below the threshold, never cached)
+    assert runs[1]["hits"] >= max(1, len(written) - 1), (runs[1], len(written))
+    assert sorted((tmp_path / "jax").glob("*-cache")) == written
     assert runs[1]["requests"] - runs[1]["hits"] <= 1, runs[1]
 
 
