@@ -19,9 +19,10 @@ def affine(x2, W, b):
 
 
 def column_sum(y2):
-    """Sum over the rows, as a product: (M, N) -> (N,).  ones(M) @ y2 measured 1.4-3x faster
-    than y2.sum(axis=0) (float32, one thread, the bench's (1088, 128) and (2080, 1024))."""
-    return array_module(y2).ones(y2.shape[0], dtype=y2.dtype) @ y2
+    """Sum over the rows, as a product: (M, N) -> (N,), or per stack (..., M, N) -> (..., N).
+    ones(M) @ y2 measured 1.4-3x faster than y2.sum(axis=0) (float32, one thread, the bench's
+    (1088, 128) and (2080, 1024))."""
+    return array_module(y2).ones(y2.shape[-2], dtype=y2.dtype) @ y2
 
 
 def affine_backward(dy2, x2, W):
