@@ -53,10 +53,11 @@ machine has (a quarter of what is available, at most MEMORY_CAP), so a large mod
 samples in a few passes instead of failing; each operation's noise amplitude comes from one
 exact run (``RoundingModel``), and each chunk's draws feed every part and the kink runs.
 
-Kinks: every comparison of the program (``PREDICATES``, max and min) is recorded in runs
-perturbed at the check's own roundoffs (``RoundingModel.kinks``); where one flips, a correct
-kernel may take either branch, and the exact program rerun with it flipped says how far each
-output moves.  Non-finite results (an oracle's -inf mask) are exact; ``lax.scan`` is unrolled.
+Kinks: every comparison of the program (``PREDICATES``, max and min) has a margin (the
+difference of its operands); its spread under the check's own roundoffs comes from the same
+perturbed runs (``RoundingModel.kinks``); where the margin is within KINK_SIGMAS spreads of zero,
+a correct kernel may take either branch, and the exact program rerun with it flipped says how far
+each output moves.  Non-finite results (an oracle's -inf mask) are exact; ``lax.scan`` is unrolled.
 """
 from __future__ import annotations
 
@@ -89,10 +90,14 @@ FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive
 # comparisons: a kink where the branch taken changes (checks.engine judges either branch there)
 PREDICATES = {"gt", "ge", "lt", "le", "eq", "ne"}
 BRANCHES = PREDICATES | {"max", "min"}
-ONE_BY_ONE_MAX = 512   # flips moved one at a time (their sum bounds any subset), beyond: subsets
-ONE_BY_ONE_BATCH = 16  # flips per compiled batch
-KINK_SIGMAS = 16.0   # noise of the kink runs, in rounding errors: the LAMBDA band (the largest
-#                      of 16 normal draws is about 2: margins up to about 32 spreads flip)
+ONE_BY_ONE_WORK = 2 ** 28  # flips x recorded elements moved one at a time (their sum bounds any
+#                            subset: about a second at 1e3 flips of a 1e5-element program); beyond:
+#                            the moves of all flips and of two random halves (no bound)
+ONE_BY_ONE_BATCH = (16, 128)  # flips per compiled batch: as many as 2**25 recorded elements allow
+KINK_SIGMAS = 8.0    # a predicate within this many spreads of its margin (the rms of the
+#                      comparison's operand difference under the model's noise, each operation at
+#                      its full roundoff) may flip in a kernel: beyond it a Gaussian error has odds
+#                      of 1e-15, and the model already charges a sum its pairwise worst-case growth
 CALLS = {"jit", "pjit", "closed_call", "core_call", "remat", "checkpoint", "custom_jvp_call",
          "custom_vjp_call", "custom_vjp_call_jaxpr"}
 
@@ -165,7 +170,7 @@ class RoundingModel:
 
     def _amplitudes(self, flat):
         """(the exact run's outputs, every operation's noise amplitude in program order, every
-        comparison's predicate): one exact run, made once per ``spread`` or ``kinks`` and not
+        comparison's margin): one exact run, made once per ``spread`` or ``kinks`` and not
         once per part and chunk of samples."""
         amplitudes, preds = [], []
         exact = self._eval(flat, _Noise("amplitude", amplitudes, preds=preds))
@@ -185,17 +190,20 @@ class RoundingModel:
         return [jnp.sum(jnp.where(p == e, 0.0, p - e) ** 2, axis=0)     # summed over N
                 for p, e in zip(perturbed, exact)]
 
-    def _flips(self, flat, amplitudes, exact_preds, noises, scales):
-        """Per predicate of the program, where it flips in some perturbed run of the chunk
-        (noise: the standard draws times the scale of each operation's part)."""
+    def _flips(self, flat, amplitudes, exact_margins, noises, scales):
+        """Per comparison of the program, the squared deviations of its margin summed over the
+        perturbed runs of the chunk (noise: the standard draws times the roundoff of each
+        operation's part)."""
         noises = [scales[p] * xi for xi, (_, p) in zip(noises, self.record)]
 
-        def predicates(f, z):
+        def margins(f, z):
             preds = []
             self._eval(f, _Noise("perturb", amplitudes, z, preds=preds))
             return preds
-        perturbed = jax.vmap(predicates, in_axes=(None, 0))(flat, noises)
-        return [jnp.any(p != e, axis=0) for p, e in zip(perturbed, exact_preds)]
+        perturbed = jax.vmap(margins, in_axes=(None, 0))(flat, noises)
+        # a non-finite margin the perturbations leave unchanged (a -inf mask) deviates by 0
+        return [jnp.sum(jnp.where(p == e, 0.0, p - e) ** 2, axis=0)
+                for p, e in zip(perturbed, exact_margins)]
 
     def _moves(self, flat, flips):
         """Per output, how far it moves with the flipping predicates flipped in the exact run:
@@ -222,18 +230,21 @@ class RoundingModel:
 
     def _each_flip(self, flat, flips):
         """sum_k |move of flip k alone| per output: to first order a bound on the move of any
-        subset of the flips a kernel may take (None beyond ONE_BY_ONE_MAX flips)."""
+        subset of the flips a kernel may take (None beyond ONE_BY_ONE_WORK)."""
         where = [(p, i) for p, f in enumerate(flips) for i in np.flatnonzero(f)]
-        if not where or len(where) > ONE_BY_ONE_MAX:
+        if not where or len(where) * max(self.elements, 1) > ONE_BY_ONE_WORK:
             return None
+        low, high = ONE_BY_ONE_BATCH  # one compiled batch size per model, a power of two
+        size = 1 << int(np.clip(np.log2(2 ** 25 / max(self.elements, 1)),
+                                np.log2(low), np.log2(high)))
         total = None
-        for start in range(0, len(where), ONE_BY_ONE_BATCH):
-            batch = where[start:start + ONE_BY_ONE_BATCH]
-            batch += [batch[0]] * (ONE_BY_ONE_BATCH - len(batch))  # one compiled batch size
-            masks = [np.zeros((ONE_BY_ONE_BATCH, f.size), bool) for f in flips]
+        for start in range(0, len(where), size):
+            batch = where[start:start + size]
+            batch += [batch[0]] * (size - len(batch))
+            masks = [np.zeros((size, f.size), bool) for f in flips]
             for k, (p, i) in enumerate(batch):
                 masks[p][k, i] = True
-            masks = [m.reshape((ONE_BY_ONE_BATCH,) + f.shape) for m, f in zip(masks, flips)]
+            masks = [m.reshape((size,) + f.shape) for m, f in zip(masks, flips)]
             sums = [np.asarray(s, np.float64) for s in self._one_by_one_run(flat, masks)]
             total = sums if total is None else [a + b for a, b in zip(total, sums)]
         return total
@@ -247,10 +258,11 @@ class RoundingModel:
             return None
         flat, _ = jax.tree_util.tree_flatten(args)
         if flips is None:
-            rng, exact = np.random.default_rng([seed, 0x4B1]), self._amplitudes_run(flat)
+            rng, exact, sums = np.random.default_rng([seed, 0x4B1]), self._amplitudes_run(flat), None
             for n in _chunks(self.samples, self.elements):
                 noises = [rng.standard_normal((n,) + shape, np.float32) for shape, _ in self.record]
-                flips = self._add_flips(flips, flat, exact, noises, us)
+                sums = self._add_margins(sums, flat, exact, noises, us)
+            flips = self._flipping(exact, sums)
         tree = jax.tree_util.tree_structure(self.shapes)
         if not any(f.any() for f in flips):  # nothing flips: no program to trace and run
             return (jax.tree_util.tree_unflatten(tree, [np.zeros(s.shape) for s in
@@ -263,13 +275,21 @@ class RoundingModel:
             moved = [np.maximum(m, e) for m, e in zip(moved, each)]
         return jax.tree_util.tree_unflatten(tree, moved), int(n)
 
-    def _add_flips(self, flips, flat, exact, noises, us):
-        """flips or'ed with where the predicates flip under standard normal ``noises`` scaled
-        to KINK_SIGMAS times each part's roundoff in ``us`` (exact: ``_amplitudes``'s run)."""
-        _, amplitudes, preds = exact
-        scales = np.float32(KINK_SIGMAS) * np.asarray(us, np.float32)  # (parts,)
-        found = [np.asarray(f) for f in self._flips_run(flat, amplitudes, preds, noises, scales)]
-        return found if flips is None else [a | b for a, b in zip(flips, found)]
+    def _add_margins(self, sums, flat, exact, noises, us):
+        """sums plus each comparison's squared margin deviations under standard normal
+        ``noises`` scaled to each part's roundoff in ``us`` (exact: ``_amplitudes``'s run)."""
+        _, amplitudes, margins = exact
+        scales = np.asarray(us, np.float32)  # (parts,)
+        found = [np.asarray(f, np.float64)
+                 for f in self._flips_run(flat, amplitudes, margins, noises, scales)]
+        return found if sums is None else [a + b for a, b in zip(sums, found)]
+
+    def _flipping(self, exact, sums):
+        """Per comparison, where its exact margin is within KINK_SIGMAS of its spread: a
+        kernel's rounding may take the other branch there (a margin the noise leaves unchanged,
+        exact or non-finite, never flips)."""
+        return [np.abs(np.asarray(m, np.float64)) < KINK_SIGMAS * np.sqrt(s / self.samples)
+                for m, s in zip(exact[2], sums)]
 
     def spread(self, args, seed=0):
         """A pytree like the program's output with one Spread per leaf."""
@@ -289,7 +309,7 @@ class RoundingModel:
         # spreads nothing
         used = sorted({p for _, p in self.record})
         per_part = self.elements > PER_PART_ELEMENTS
-        sums, exact, flips = {}, self._amplitudes_run(flat), None
+        sums, exact, margins = {}, self._amplitudes_run(flat), None
         for n in _chunks(self.samples, self.elements):
             # float32 draws: the noise needs no precision
             noises = jax.device_put([rng.standard_normal((n,) + shape, np.float32)  # (n, ...)
@@ -304,15 +324,16 @@ class RoundingModel:
                 sums[part] = sq if part not in sums else [a + b for a, b in zip(sums[part], sq)]
             if kink_us is not None and self.has_branches:
                 try:
-                    flips = self._add_flips(flips, flat, exact, noises, kink_us)
+                    margins = self._add_margins(margins, flat, exact, noises, kink_us)
                 except Exception:  # a program the flip runs cannot follow: ``kinks`` says why
-                    kink_us = flips = None
+                    kink_us = margins = None
         zeros = [np.zeros(shape) for shape in
                  (s.shape for s in jax.tree_util.tree_leaves(self.shapes))]
         per_part = [[np.sqrt(a / self.samples) for a in sums[part]] if part in sums else zeros
                     for part in range(len(PARTS))]
         spreads = [Spread(*(np.asarray(rms, np.float64) for rms in leaf))
                    for leaf in zip(*per_part)]
+        flips = None if margins is None else self._flipping(exact, margins)
         return (jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(self.shapes), spreads),
                 flips)
 
@@ -364,13 +385,12 @@ class _Noise:
         return self.store[k] * self.noises[k]
 
     def branch(self, name, ins, out):
-        """A comparison's (or max/min's) result: its predicate kept in ``preds``, flipped where
-        ``flips`` says (max then takes the smaller operand)."""
+        """A comparison's (or max/min's) result: its margin (the difference of its operands,
+        whose sign decides the branch) kept in ``preds``, flipped where ``flips`` says (max
+        then takes the smaller operand)."""
         k, self.branches = self.branches, self.branches + 1
         if self.preds is not None:
-            pred = out if name in PREDICATES else (ins[0] >= ins[1] if name == "max"
-                                                   else ins[0] <= ins[1])
-            self.preds.append(jnp.broadcast_to(pred, jnp.shape(out)))
+            self.preds.append(jnp.broadcast_to(ins[0] - ins[1], jnp.shape(out)))
         if self.flips is None:
             return out
         if name in PREDICATES:
