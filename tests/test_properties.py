@@ -30,10 +30,11 @@ def sizes_for(row):
 
 
 # The whole model has its own tests (tests/test_model.py); each new shape recompiles its oracle.
-# QK-norm attention's oracle and rounding model take about 4 s a dtype to compile at a new shape:
-# its random shapes run in the slow tier (make test-slow, CI); its registry case stays in the
-# fast tier (tests/test_layers.py, every dtype).
-SLOW_AT_NEW_SHAPES = {"qknorm-mhca"}
+# The attention rows' oracles and rounding models take 1-4 s to compile at a new shape (QK-norm
+# the most; the other dtypes then reuse the program): their random shapes run in the slow tier
+# (make test-slow, CI), their registry cases stay in the fast tier (tests/test_layers.py, every
+# dtype), and every other row's random shapes run in both.
+SLOW_AT_NEW_SHAPES = {"qknorm-mhca", "mha", "mha-causal", "mhca"}
 LAYERS = [pytest.param(row, id=row.name,
                        marks=[pytest.mark.slow] if row.name in SLOW_AT_NEW_SHAPES else [])
           for row in ROWS if row.name != "model"]
