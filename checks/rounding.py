@@ -163,7 +163,6 @@ class RoundingModel:
         counter = _Noise("record", self.record, kept=kept)
         jax.eval_shape(lambda f: self._eval(f, counter), flat)
         self.has_branches = counter.branches > 0
-        self.kept = {k: i for i, k in enumerate(k for k, keep in enumerate(kept) if keep)}
         self._amplitudes_run = jax.jit(self._amplitudes, compiler_options=FAST_COMPILE)
         self._run = jax.jit(self._spreads, compiler_options=FAST_COMPILE)
         self._run_part = jax.jit(self._spreads, static_argnums=4, compiler_options=FAST_COMPILE)
@@ -174,17 +173,22 @@ class RoundingModel:
         # beyond PER_PART_ELEMENTS each part gets its own program, which draws its operations'
         # noise as it goes; below, a chunk's draws are made once and feed every part
         self.per_part = self.elements > PER_PART_ELEMENTS
+        # operation -> index of its amplitude kept from the exact run: every operation's in a
+        # small program (the perturbed runs then trace no |value|), only the sums' beyond
+        # PER_PART_ELEMENTS (every amplitude kept would take as much memory as a sample)
+        keep = [not self.per_part or k for k in kept]
+        self.kept = {k: i for i, k in enumerate(k for k, kk in enumerate(keep) if kk)}
 
     def _eval(self, flat, noise):
         return _eval(self.closed.jaxpr, self.closed.consts, flat, self.backward_in, noise,
                      where="between" if self.layered else "inside")
 
     def _amplitudes(self, flat):
-        """(the exact run's outputs, the kept amplitudes (sums') in program order, every
+        """(the exact run's outputs, the kept amplitudes (``self.kept``) in program order, every
         comparison's predicate): one exact run, made once per ``spread`` or ``kinks`` and not
         once per part and chunk of samples."""
         amplitudes, preds = [], []
-        exact = self._eval(flat, _Noise("amplitude", amplitudes, preds=preds))
+        exact = self._eval(flat, _Noise("amplitude", amplitudes, preds=preds, kept=self.kept))
         return exact, amplitudes, preds
 
     def _perturbed(self, flat, amplitudes, samples, scale, preds=None):
@@ -422,11 +426,11 @@ def _chunks(samples, elements, budget=None):
 class _Noise:
     """The perturbation of each rounding operation, in program order.
 
-    "record": notes (shape, part) in ``store`` and whether the amplitude is kept in ``kept``,
-    and adds nothing; "amplitude": the exact run, which keeps the amplitudes of sums
-    (``kept=True``) and adds nothing; "perturb": adds amplitude x scale(k) x noise, with the
-    kept amplitudes in ``store`` (``kept``: operation -> index there), the noise drawn from the
-    sample's ``key`` or taken from ``noises``; "exact": adds nothing."""
+    "record": notes (shape, part) in ``store`` and whether it is a sum's accumulation in
+    ``kept``, and adds nothing; "amplitude": the exact run, which keeps the amplitudes of the
+    operations in ``kept`` (operation -> index) and adds nothing; "perturb": adds amplitude x
+    scale(k) x noise, with the kept amplitudes in ``store`` (the others taken as it goes), the
+    noise drawn from the sample's ``key`` or taken from ``noises``; "exact": adds nothing."""
 
     def __init__(self, mode, store, noises=None, preds=None, flips=None, *, kept=None,
                  key=None, scale=None):
@@ -434,23 +438,24 @@ class _Noise:
         self.preds, self.flips, self.branches = preds, flips, 0
         self.kept, self.key, self.scale = kept, key, scale
 
-    def __call__(self, shape, part, amplitude, kept=False):
-        """What to add to a result: ``amplitude()`` is its noise scale, evaluated at most once
-        (in the exact run where ``kept``, in the perturbed run otherwise)."""
+    def __call__(self, shape, part, amplitude, accumulation=False):
+        """What to add to a result: ``amplitude()`` is its noise scale, evaluated once (in the
+        exact run where kept, in the perturbed run otherwise); ``accumulation``: a sum's."""
         k, self.count = self.count, self.count + 1
         if self.mode == "record":
             self.store.append((tuple(shape), PARTS.index(part)))
-            self.kept.append(kept)
+            self.kept.append(accumulation)
             return 0.0
         if self.mode == "amplitude":
-            if kept:
+            if k in self.kept:
                 self.store.append(amplitude())
             return 0.0
         scale = None if self.mode == "exact" else self.scale(k)
         if scale is None:  # None: another part's operation
             return 0.0
         xi = _normal(self.key, k, shape) if self.noises is None else self.noises[k]
-        return (self.store[self.kept[k]] if kept else amplitude()) * (scale * xi)
+        a = self.store[self.kept[k]] if k in self.kept else amplitude()
+        return a * (scale * xi)
 
     def branch(self, name, ins, out):
         """A comparison's (or max/min's) result: its predicate kept in ``preds``, flipped where
@@ -588,7 +593,7 @@ def _round(name, eqn, ins, out, noise, part):
     # a product accumulates in its own part; a sum rounds with its results (module docstring)
     sums = part + "_sums" if name == "dot_general" and part != "format" else part
     return out + noise(jnp.shape(out), sums,
-                       lambda: _finite(_sum_amplitude(name, eqn, ins, exact)), kept=True)
+                       lambda: _finite(_sum_amplitude(name, eqn, ins, exact)), accumulation=True)
 
 
 def _finite(amplitude):
