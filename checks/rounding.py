@@ -50,13 +50,14 @@ Each part's samples run under ``jax.vmap`` in one program, compiled once per ora
 and called once per part and chunk of samples (a program per part for a large program, whose
 unperturbed operations then run once for all samples): the chunk is sized from the memory the
 machine has (``memory_budget``: a quarter of what is available, or $GRADLAB_MEMORY_BUDGET), so a
-large model runs its 16 samples in a few passes instead of failing.  The noise is drawn inside
-the program (``jax.random``, one key per sample and operation), where each operation uses it and
-lets it go: no sample's draws are ever held whole, and a sample's draws are the same whatever
-chunk it runs in.  The amplitude of a sum's accumulation (sum|terms|, a second product for a
-matrix product) comes from one exact run and is kept; every other amplitude is the result's own
-|value|, taken in the perturbed run itself (equal to first order in u).  The kink runs take the
-same draws as the spreads.
+large model runs its 16 samples in a few passes instead of failing.  A small program's draws
+are made on the host, once per chunk for every part, and every amplitude comes from one exact
+run.  A program per part draws its noise inside the program (``jax.random``: one vector per
+sample and part, sliced among the part's operations), so a sample's draws are never held for
+all parts at once (except in the kink runs) and are the same whatever chunk it runs in; only
+the amplitudes of sums' accumulations (sum|terms|, a second product for a matrix product) come
+from the exact run, every other amplitude is the result's own |value|, taken in the perturbed
+run itself (equal to first order in u).  The kink runs take the same draws as the spreads.
 
 Kinks: every comparison of the program (``PREDICATES``, max and min) is recorded in runs
 perturbed at the check's own roundoffs (``RoundingModel.kinks``); where one flips, a correct
@@ -189,13 +190,16 @@ class RoundingModel:
         once per part and chunk of samples."""
         amplitudes, preds = [], []
         exact = self._eval(flat, _Noise("amplitude", amplitudes, preds=preds, kept=self.kept))
+        if self.per_part:  # kept in float32, half the memory: a noise scale needs no precision
+            amplitudes = [a.astype(jnp.float32) for a in amplitudes]
         return exact, amplitudes, preds
 
-    def _perturbed(self, flat, amplitudes, samples, scale, preds=None):
+    def _perturbed(self, flat, amplitudes, samples, scale, parts, preds=None):
         """The program's outputs (and predicates, into ``preds``) under each sample's noise,
-        batched over the chunk (``_sampler``): a program per part draws every operation's
-        noise in the program from the sample's key, otherwise ``samples`` are the draws;
-        ``scale(k)`` is the noise scale of operation k, or None where it adds none."""
+        batched over the chunk (``_sampler``): a program per part draws the noise of the
+        operations of ``parts`` in the program from the sample's key, otherwise ``samples``
+        are the draws; ``scale(k)`` is the noise scale of operation k, or None where it adds
+        none."""
         if self.per_part:
             base, indices = samples
             samples = jax.vmap(lambda i: jax.random.fold_in(base, i))(indices)  # (N, 2) keys
@@ -203,13 +207,30 @@ class RoundingModel:
         def one(f, sample):
             noise = _Noise("perturb", amplitudes, kept=self.kept, scale=scale,
                            preds=None if preds is None else [],
-                           key=sample if self.per_part else None,
-                           noises=None if self.per_part else sample)
+                           noises=self._draws(sample, parts) if self.per_part else sample)
             return self._eval(f, noise), noise.preds
         outs, p = jax.vmap(one, in_axes=(None, 0))(flat, samples)
         if preds is not None:
             preds.extend(p)
         return outs
+
+    def _draws(self, key, parts):
+        """One sample's noise for the operations of ``parts`` (None for the others), drawn in
+        the program: each part's operations take consecutive slices, in program order, of one
+        vector normal(fold_in(key, part)) (one random-number call per part: a call per
+        operation would take XLA minutes to compile in a large program)."""
+        noises = [None] * len(self.record)
+        for part in parts:
+            ops = [k for k, (_, p) in enumerate(self.record) if p == part]
+            sizes = [math.prod(self.record[k][0]) for k in ops]
+            drawn = jax.random.normal(jax.random.fold_in(key, part), (sum(sizes),),
+                                      jnp.float32)
+            offset = 0
+            for k, n in zip(ops, sizes):
+                noises[k] = jax.lax.slice(drawn, (offset,), (offset + n,)).reshape(
+                    self.record[k][0])
+                offset += n
+        return noises
 
     def _spreads(self, flat, exact, amplitudes, samples, part):
         """Squared deviations of every output under the noise of one part only, summed over
@@ -222,7 +243,7 @@ class RoundingModel:
             scale = lambda k: U_SIM if parts[k] == part else None
         else:
             scale = lambda k: jnp.where(parts[k] == part, U_SIM, 0.0)
-        perturbed = self._perturbed(flat, amplitudes, samples, scale)
+        perturbed = self._perturbed(flat, amplitudes, samples, scale, [part])
         # a non-finite result the perturbations leave unchanged (a -inf mask) deviates by 0
         return [jnp.sum(jnp.where(p == e, 0.0, p - e) ** 2, axis=0)     # summed over N
                 for p, e in zip(perturbed, exact)]
@@ -231,15 +252,16 @@ class RoundingModel:
         """Per predicate of the program, where it flips in some perturbed run of the chunk
         (noise: the standard draws times the scale of each operation's part)."""
         preds = []
-        self._perturbed(flat, amplitudes, samples, lambda k: scales[self.record[k][1]], preds)
+        self._perturbed(flat, amplitudes, samples, lambda k: scales[self.record[k][1]],
+                        sorted({p for _, p in self.record}), preds)
         return [jnp.any(p != e, axis=0) for p, e in zip(preds, exact_preds)]
 
     def _sampler(self, seed, stream):
         """n -> the noise of the next n samples: for a program per part, the stream's key and
-        the samples' indices, from which the program draws sample i's noise for operation k
-        as normal(fold_in(fold_in(key, i), k)), never holding a sample's draws whole (the same
-        draws in every chunking); otherwise every operation's draws, made once on the host
-        and taken by every part (float32: the noise needs no precision)."""
+        the samples' indices, from which the program draws sample i's noise (``_draws``, from
+        fold_in(key, i): the same draws in every chunking), one part at a time where it can;
+        otherwise every operation's draws, made once on the host and taken by every part
+        (float32: the noise needs no precision)."""
         if self.per_part:
             base, start = _key(seed, stream), [0]
 
@@ -369,11 +391,6 @@ def _key(seed, stream):
     return np.array([int(seed) % 2 ** 32, stream], np.uint32)
 
 
-def _normal(key, k, shape):
-    """Operation k's standard normal draws from one sample's key (float32)."""
-    return jax.random.normal(jax.random.fold_in(key, k), shape, jnp.float32)
-
-
 def _available_memory() -> int | None:
     """Bytes the machine can still give (MemAvailable), or None when unknown."""
     try:
@@ -429,14 +446,14 @@ class _Noise:
     "record": notes (shape, part) in ``store`` and whether it is a sum's accumulation in
     ``kept``, and adds nothing; "amplitude": the exact run, which keeps the amplitudes of the
     operations in ``kept`` (operation -> index) and adds nothing; "perturb": adds amplitude x
-    scale(k) x noise, with the kept amplitudes in ``store`` (the others taken as it goes), the
-    noise drawn from the sample's ``key`` or taken from ``noises``; "exact": adds nothing."""
+    scale(k) x noises[k], with the kept amplitudes in ``store`` (the others taken as it goes);
+    "exact": adds nothing."""
 
     def __init__(self, mode, store, noises=None, preds=None, flips=None, *, kept=None,
-                 key=None, scale=None):
+                 scale=None):
         self.mode, self.store, self.noises, self.count = mode, store, noises, 0
         self.preds, self.flips, self.branches = preds, flips, 0
-        self.kept, self.key, self.scale = kept, key, scale
+        self.kept, self.scale = kept, scale
 
     def __call__(self, shape, part, amplitude, accumulation=False):
         """What to add to a result: ``amplitude()`` is its noise scale, evaluated once (in the
@@ -453,9 +470,8 @@ class _Noise:
         scale = None if self.mode == "exact" else self.scale(k)
         if scale is None:  # None: another part's operation
             return 0.0
-        xi = _normal(self.key, k, shape) if self.noises is None else self.noises[k]
         a = self.store[self.kept[k]] if k in self.kept else amplitude()
-        return a * (scale * xi)
+        return a * (scale * self.noises[k])
 
     def branch(self, name, ins, out):
         """A comparison's (or max/min's) result: its predicate kept in ``preds``, flipped where

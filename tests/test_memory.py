@@ -7,6 +7,7 @@ import kernels
 import reference
 from checks import rounding
 from checks.engine import check_layer
+from checks.registry import layer_check
 
 
 def test_chunks_add_up_to_the_samples_and_shrink_with_the_budget():
@@ -130,3 +131,33 @@ def test_a_program_per_part_draws_in_the_program_the_same_noise_in_every_chunkin
         for part_a, part_b in zip(a, b):
             np.testing.assert_allclose(part_a, part_b, rtol=1e-9, atol=0)
         assert np.all(a.at(1.0, 1.0, 1.0) > 0)  # every element spreads (nothing left out)
+
+
+@pytest.mark.slow  # the model's rounding model compiled as a program per part
+def test_the_model_checked_with_its_noise_drawn_in_the_program_passes_and_catches_a_bug(
+        monkeypatch):
+    """The regime of the bench's large size (a program per part, each sample's noise drawn in
+    the program, chunks of one sample) at a size that runs in seconds: the correct model in
+    float32 passes; one element of one gradient off by half of itself fails that tensor alone,
+    blamed on the hand."""
+    from checks import legs
+    from checks.registry import model_at
+    from checks.verdict import Kind
+    monkeypatch.setattr(rounding, "PER_PART_ELEMENTS", 0)
+    monkeypatch.setenv(rounding.MEMORY_ENV, "1")  # one sample per chunk
+    monkeypatch.setattr(legs, "_ROUNDING_MODELS", {})
+    row, sizes = model_at(D=8, H=2, F=16), {"B": 2, "T": 6}
+    correct = layer_check(row, np.float32, seed=2, sizes=sizes)
+    report = correct.run()
+    assert report.ok, "\n" + str(report)
+    model = next(iter(legs._ROUNDING_MODELS.values()))
+    assert model.per_part and rounding._chunks(model.samples, model.elements) == [1] * 16
+
+    def buggy(dout, cache):
+        d_in, d_params = row.backward(dout, cache)
+        g = np.array(d_params["dec1.ff.W1"])
+        g[3, 5] *= 1.5  # one element, half of itself off
+        return d_in, {**d_params, "dec1.ff.W1": g}
+    bug = layer_check(row, np.float32, seed=2, sizes=sizes, backward=buggy).run()
+    assert bug.failing == ["dec1.ff.W1"], "\n" + str(bug)
+    assert next(t for t in bug.tensors if not t.ok).verdict.kind is Kind.HAND_WRONG
