@@ -119,11 +119,17 @@ MODEL_SIZES = {"D": 6, "H": 2, "F": 8, "V": 4}
 def _model_case(rng, dtype, s):
     """The whole model, two blocks per side at sizes that keep every tensor's
     element-wise finite differences quick: D = 6, H = 2 (P = 3), F = 8, V = 4 (digits 0 and 1,
-    Start, Finish), so V != D != F; B and T as given.  The lab's initialisation: weights of
-    scale 1/sqrt(fan-in) and random biases (attention far from uniform), drawn once, nothing
-    placed away from leaky ReLU's kink.  The fixed table stays float64 (the model casts it to
-    the parameters' dtype), so both dtypes' checks share one compiled oracle."""
-    s = {**s, **MODEL_SIZES}  # fixed; B and T come from the sizes given
+    Start, Finish), so V != D != F; B and T as given."""
+    return model_case(rng, dtype, {**s, **MODEL_SIZES})  # fixed; B and T from the sizes given
+
+
+def model_case(rng, dtype, s):
+    """The whole model, two blocks per side, at the sizes given (V = 4).  The lab's
+    initialisation: weights of scale 1/sqrt(fan-in) and random biases (attention far from
+    uniform), drawn once, nothing placed away from leaky ReLU's kink.  The fixed table stays
+    float64 (the model casts it to the parameters' dtype), so both dtypes' checks share one
+    compiled oracle."""
+    s = {**s, "V": MODEL_SIZES["V"]}
     config = whole_model.ModelConfig(D=s["D"], H=s["H"], F=s["F"], V=s["V"], blocks=2)
     table = whole_model.embedding_table(config, np.float64)
     src, tgt = ids(rng, (s["B"], s["T"]), s["V"]), ids(rng, (s["B"], s["T"]), s["V"] - 2)
@@ -199,6 +205,16 @@ ROWS = [
 ]
 
 BY_NAME = {row.name: row for row in ROWS}
+
+
+def model_at(**widths) -> Row:
+    """The model row at other widths (D, H, F; the row fixes its own, and --sizes rejects
+    them): the bench's large size, for the checker's own cost (experiments/checker_cost.py)."""
+    unknown = sorted(set(widths) - {"D", "H", "F"})
+    if unknown:
+        raise ValueError(f"widths: expected D, H or F, got {', '.join(unknown)}")
+    return dataclasses.replace(BY_NAME["model"], make=model_case,
+                               fixed={"V": MODEL_SIZES["V"]}, sizes=widths)
 
 
 def named_sizes(sizes=None, row=None):

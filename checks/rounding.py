@@ -49,9 +49,15 @@ float32, or whose forward runs in a lower precision than its backward, is modell
 Each part's samples run under ``jax.vmap`` in one program, compiled once per oracle and shape
 and called once per part and chunk of samples (a program per part for a large program, whose
 unperturbed operations then run once for all samples): the chunk is sized from the memory the
-machine has (a quarter of what is available, at most MEMORY_CAP), so a large model runs its 16
-samples in a few passes instead of failing; each operation's noise amplitude comes from one
-exact run (``RoundingModel``), and each chunk's draws feed every part and the kink runs.
+machine has (``memory_budget``: a quarter of what is available, or $GRADLAB_MEMORY_BUDGET), so a
+large model runs its 16 samples in a few passes instead of failing.  A small program's draws
+are made on the host, once per chunk for every part, and every amplitude comes from one exact
+run.  A program per part draws its noise inside the program (``jax.random``: one vector per
+sample and part, sliced among the part's operations), so a sample's draws are never held for
+all parts at once (except in the kink runs) and are the same whatever chunk it runs in; only
+the amplitudes of sums' accumulations (sum|terms|, a second product for a matrix product) come
+from the exact run, every other amplitude is the result's own |value|, taken in the perturbed
+run itself (equal to first order in u).  The kink runs take the same draws as the spreads.
 
 Kinks: every comparison of the program (``PREDICATES``, max and min) has a margin (the
 difference of its operands); its spread under the check's own roundoffs comes from the same
@@ -62,6 +68,7 @@ each output moves.  Non-finite results (an oracle's -inf mask) are exact; ``lax.
 from __future__ import annotations
 
 import math
+import os
 from typing import NamedTuple
 
 import jax
@@ -73,8 +80,11 @@ from reference.layers import BOUNDARY
 
 U_SIM = 2.0 ** -30   # the simulation's roundoff; spreads are scaled by u / U_SIM
 SAMPLES = 16         # perturbed runs per part of the program (checks.tolerances: LAMBDA)
-MEMORY_CAP = 2 ** 31             # bytes one chunk of the samples may take at most
-BYTES_PER_SAMPLE_ELEMENT = 24    # float32 noise, its float64 perturbation, the perturbed value
+MEMORY_ENV = "GRADLAB_MEMORY_BUDGET"  # bytes one chunk of samples may take (4G, 512M, 2**31)
+MEMORY_FRACTION = 4              # by default a chunk takes at most 1/4 of the available memory
+MEMORY_UNKNOWN = 2 ** 31         # the budget where the available memory cannot be read
+BYTES_PER_SAMPLE_ELEMENT = 16    # per sample and recorded element: its float64 value and the
+#                                  values the program keeps beside it (broadcasts, transposes)
 PER_PART_ELEMENTS = 2 ** 22      # recorded elements beyond which each part gets its own program
 PARTS = ("forward", "forward_sums", "backward", "backward_sums", "inputs", "format")
 
@@ -137,12 +147,14 @@ def _pair(u):
 class RoundingModel:
     """The perturbed program of one oracle at fixed shapes; ``spread`` runs it on values.
 
-    One exact run records every operation's noise amplitude (|result|, and sqrt(1 + log2 k)
-    sum|terms| for a sum); one compiled program, called once per part of the program and chunk
-    of samples, then runs that part's perturbed runs under ``jax.vmap``, which add amplitude x
+    One exact run records the noise amplitude of every sum's accumulation (sqrt(1 + log2 k)
+    sum|terms|); one compiled program, called once per part of the program and chunk of
+    samples, then runs that part's perturbed runs under ``jax.vmap``, which add amplitude x
     noise and nothing else (to first order in u the amplitude of the exact run is the amplitude
-    of the perturbed one, so the perturbed runs never recompute sum|terms|), and the spreads.
-    The programs are compiled without XLA's costly passes: a model, not a result."""
+    of the perturbed one, so the perturbed runs never recompute sum|terms|; a result's own
+    |value| they take as they go), and the spreads.  The spreads and the kink runs take the
+    same draws (``_sampler``).  The programs are compiled without XLA's costly passes: a
+    model, not a result."""
 
     def __init__(self, program, args, dout_index, samples=SAMPLES):
         self.closed, self.shapes = jax.make_jaxpr(program, return_shape=True)(*args)
@@ -152,8 +164,9 @@ class RoundingModel:
         self.backward_in = [start <= i < start + counts[dout_index] for i in range(len(flat))]
         self.samples = samples
         self.record = []  # (shape, part) of every perturbation, in program order
+        kept = []         # whether its amplitude is kept from the exact run (a sum's)
         self.layered = _has_layers(self.closed.jaxpr)
-        counter = _Noise("record", self.record)
+        counter = _Noise("record", self.record, kept=kept)
         jax.eval_shape(lambda f: self._eval(f, counter), flat)
         self.has_branches = counter.branches > 0
         self._amplitudes_run = jax.jit(self._amplitudes, compiler_options=FAST_COMPILE)
@@ -163,47 +176,109 @@ class RoundingModel:
         self._moves_run = jax.jit(self._moves, compiler_options=FAST_COMPILE)
         self._one_by_one_run = jax.jit(self._one_by_one, compiler_options=FAST_COMPILE)
         self.elements = sum(math.prod(shape) for shape, _ in self.record)
+        # beyond PER_PART_ELEMENTS each part gets its own program, which draws its operations'
+        # noise as it goes; below, a chunk's draws are made once and feed every part
+        self.per_part = self.elements > PER_PART_ELEMENTS
+        # operation -> index of its amplitude kept from the exact run: every operation's in a
+        # small program (the perturbed runs then trace no |value|), only the sums' beyond
+        # PER_PART_ELEMENTS (every amplitude kept would take as much memory as a sample)
+        keep = [not self.per_part or k for k in kept]
+        self.kept = {k: i for i, k in enumerate(k for k, kk in enumerate(keep) if kk)}
 
     def _eval(self, flat, noise):
         return _eval(self.closed.jaxpr, self.closed.consts, flat, self.backward_in, noise,
                      where="between" if self.layered else "inside")
 
     def _amplitudes(self, flat):
-        """(the exact run's outputs, every operation's noise amplitude in program order, every
+        """(the exact run's outputs, the kept amplitudes (``self.kept``) in program order, every
         comparison's margin): one exact run, made once per ``spread`` or ``kinks`` and not
         once per part and chunk of samples."""
         amplitudes, preds = [], []
-        exact = self._eval(flat, _Noise("amplitude", amplitudes, preds=preds))
+        exact = self._eval(flat, _Noise("amplitude", amplitudes, preds=preds, kept=self.kept))
+        if self.per_part:  # kept in float32, half the memory: a noise scale needs no precision
+            amplitudes = [a.astype(jnp.float32) for a in amplitudes]
         return exact, amplitudes, preds
 
-    def _spreads(self, flat, exact, amplitudes, noises, part):
+    def _perturbed(self, flat, amplitudes, samples, scale, parts, preds=None):
+        """The program's outputs (and predicates, into ``preds``) under each sample's noise,
+        batched over the chunk (``_sampler``): a program per part draws the noise of the
+        operations of ``parts`` in the program from the sample's key, otherwise ``samples``
+        are the draws; ``scale(k)`` is the noise scale of operation k, or None where it adds
+        none."""
+        if self.per_part:
+            base, indices = samples
+            samples = jax.vmap(lambda i: jax.random.fold_in(base, i))(indices)  # (N, 2) keys
+
+        def one(f, sample):
+            noise = _Noise("perturb", amplitudes, kept=self.kept, scale=scale,
+                           preds=None if preds is None else [],
+                           noises=self._draws(sample, parts) if self.per_part else sample)
+            return self._eval(f, noise), noise.preds
+        outs, p = jax.vmap(one, in_axes=(None, 0))(flat, samples)
+        if preds is not None:
+            preds.extend(p)
+        return outs
+
+    def _draws(self, key, parts):
+        """One sample's noise for the operations of ``parts`` (None for the others), drawn in
+        the program: each part's operations take consecutive slices, in program order, of one
+        vector normal(fold_in(key, part)) (one random-number call per part: a call per
+        operation would take XLA minutes to compile in a large program)."""
+        noises = [None] * len(self.record)
+        for part in parts:
+            ops = [k for k, (_, p) in enumerate(self.record) if p == part]
+            sizes = [math.prod(self.record[k][0]) for k in ops]
+            drawn = jax.random.normal(jax.random.fold_in(key, part), (sum(sizes),),
+                                      jnp.float32)
+            offset = 0
+            for k, n in zip(ops, sizes):
+                noises[k] = jax.lax.slice(drawn, (offset,), (offset + n,)).reshape(
+                    self.record[k][0])
+                offset += n
+        return noises
+
+    def _spreads(self, flat, exact, amplitudes, samples, part):
         """Squared deviations of every output under the noise of one part only, summed over
-        the samples of ``noises`` (one chunk of them).  ``noises`` holds every operation's
-        draws (``part`` traced: one program for all parts), or those of ``part``'s operations
-        and None for the others (``part`` static: one program per part, in which the
-        operations no noise reaches run once for all samples instead of once per sample)."""
-        z = [None if xi is None else jnp.where(p == part, U_SIM * xi, 0.0)  # (N, ...) each
-             for xi, (_, p) in zip(noises, self.record)]
-        perturbed = jax.vmap(lambda f, z: self._eval(f, _Noise("perturb", amplitudes, z)),
-                             in_axes=(None, 0))(flat, z)
+        the samples of the chunk.  ``part`` traced: one program for all parts, ``samples``
+        every operation's draws; ``part`` static: one program per part, ``samples`` the keys,
+        in which only that part's operations draw noise and the operations no noise reaches
+        run once for all samples instead of once per sample."""
+        parts = [p for _, p in self.record]
+        if isinstance(part, int):
+            scale = lambda k: U_SIM if parts[k] == part else None
+        else:
+            scale = lambda k: jnp.where(parts[k] == part, U_SIM, 0.0)
+        perturbed = self._perturbed(flat, amplitudes, samples, scale, [part])
         # a non-finite result the perturbations leave unchanged (a -inf mask) deviates by 0
         return [jnp.sum(jnp.where(p == e, 0.0, p - e) ** 2, axis=0)     # summed over N
                 for p, e in zip(perturbed, exact)]
 
-    def _flips(self, flat, amplitudes, exact_margins, noises, scales):
+    def _flips(self, flat, amplitudes, exact_margins, samples, scales):
         """Per comparison of the program, the squared deviations of its margin summed over the
         perturbed runs of the chunk (noise: the standard draws times the roundoff of each
         operation's part)."""
-        noises = [scales[p] * xi for xi, (_, p) in zip(noises, self.record)]
-
-        def margins(f, z):
-            preds = []
-            self._eval(f, _Noise("perturb", amplitudes, z, preds=preds))
-            return preds
-        perturbed = jax.vmap(margins, in_axes=(None, 0))(flat, noises)
+        margins = []
+        self._perturbed(flat, amplitudes, samples, lambda k: scales[self.record[k][1]],
+                        sorted({p for _, p in self.record}), margins)
         # a non-finite margin the perturbations leave unchanged (a -inf mask) deviates by 0
         return [jnp.sum(jnp.where(p == e, 0.0, p - e) ** 2, axis=0)
-                for p, e in zip(perturbed, exact_margins)]
+                for p, e in zip(margins, exact_margins)]
+    def _sampler(self, seed, stream):
+        """n -> the noise of the next n samples: for a program per part, the stream's key and
+        the samples' indices, from which the program draws sample i's noise (``_draws``, from
+        fold_in(key, i): the same draws in every chunking), one part at a time where it can;
+        otherwise every operation's draws, made once on the host and taken by every part
+        (float32: the noise needs no precision)."""
+        if self.per_part:
+            base, start = _key(seed, stream), [0]
+
+            def next_samples(n):
+                start[0] += n
+                return base, np.arange(start[0] - n, start[0], dtype=np.uint32)
+            return next_samples
+        rng = np.random.default_rng([seed, stream])
+        return lambda n: jax.device_put([rng.standard_normal((n,) + shape, np.float32)
+                                         for shape, _ in self.record])  # (n, ...) each
 
     def _moves(self, flat, flips):
         """Per output, how far it moves with the flipping predicates flipped in the exact run:
@@ -258,10 +333,9 @@ class RoundingModel:
             return None
         flat, _ = jax.tree_util.tree_flatten(args)
         if flips is None:
-            rng, exact, sums = np.random.default_rng([seed, 0x4B1]), self._amplitudes_run(flat), None
+            draw, exact, sums = self._sampler(seed, 0x4B1), self._amplitudes_run(flat), None
             for n in _chunks(self.samples, self.elements):
-                noises = [rng.standard_normal((n,) + shape, np.float32) for shape, _ in self.record]
-                sums = self._add_margins(sums, flat, exact, noises, us)
+                sums = self._add_margins(sums, flat, exact, draw(n), us)
             flips = self._flipping(exact, sums)
         tree = jax.tree_util.tree_structure(self.shapes)
         if not any(f.any() for f in flips):  # nothing flips: no program to trace and run
@@ -275,13 +349,14 @@ class RoundingModel:
             moved = [np.maximum(m, e) for m, e in zip(moved, each)]
         return jax.tree_util.tree_unflatten(tree, moved), int(n)
 
-    def _add_margins(self, sums, flat, exact, noises, us):
-        """sums plus each comparison's squared margin deviations under standard normal
-        ``noises`` scaled to each part's roundoff in ``us`` (exact: ``_amplitudes``'s run)."""
+    def _add_margins(self, sums, flat, exact, samples, us):
+        """sums plus each comparison's squared margin deviations under the standard normal
+        draws of ``samples`` (``_sampler``) scaled to each part's roundoff in ``us`` (exact:
+        ``_amplitudes``'s run)."""
         _, amplitudes, margins = exact
         scales = np.asarray(us, np.float32)  # (parts,)
         found = [np.asarray(f, np.float64)
-                 for f in self._flips_run(flat, amplitudes, margins, noises, scales)]
+                 for f in self._flips_run(flat, amplitudes, margins, samples, scales)]
         return found if sums is None else [a + b for a, b in zip(sums, found)]
 
     def _flipping(self, exact, sums):
@@ -299,32 +374,25 @@ class RoundingModel:
         """(``spread``, where the predicates flip with the same draws at the roundoffs kink_us,
         for ``kinks``: None without kink_us or comparisons).  One exact run gives every
         operation's amplitude; each chunk of normal draws then feeds every part's perturbed
-        runs and the flip runs, so the draws, the costliest host work, are made once."""
+        runs and the flip runs (the same draws, ``_samples``)."""
         flat, _ = jax.tree_util.tree_flatten(args)
-        rng = np.random.default_rng([seed, 0x40D])
+        draw = self._sampler(seed, 0x40D)
         # one compiled program, run once per part and chunk of samples (a program per part
         # beyond PER_PART_ELEMENTS, where running the unperturbed operations once saves more
         # than tracing and compiling a program per part costs): memory holds one chunk's runs
         # (``_chunks``); a part with no perturbation, such as the format of a single layer,
         # spreads nothing
         used = sorted({p for _, p in self.record})
-        per_part = self.elements > PER_PART_ELEMENTS
         sums, exact, margins = {}, self._amplitudes_run(flat), None
         for n in _chunks(self.samples, self.elements):
-            # float32 draws: the noise needs no precision
-            noises = jax.device_put([rng.standard_normal((n,) + shape, np.float32)  # (n, ...)
-                                     for shape, _ in self.record])  # once for every part
+            samples = draw(n)  # once for every part and the flip runs
             for part in used:
-                if per_part:  # each part's program gets its own operations' noise only
-                    own = [xi if p == part else None for xi, (_, p) in zip(noises, self.record)]
-                    sq = self._run_part(flat, *exact[:2], own, part)
-                else:
-                    sq = self._run(flat, *exact[:2], noises, part)
-                sq = [np.asarray(a, np.float64) for a in sq]
+                run = self._run_part if self.per_part else self._run
+                sq = [np.asarray(a, np.float64) for a in run(flat, *exact[:2], samples, part)]
                 sums[part] = sq if part not in sums else [a + b for a, b in zip(sums[part], sq)]
             if kink_us is not None and self.has_branches:
                 try:
-                    margins = self._add_margins(margins, flat, exact, noises, kink_us)
+                    margins = self._add_margins(margins, flat, exact, samples, kink_us)
                 except Exception:  # a program the flip runs cannot follow: ``kinks`` says why
                     kink_us = margins = None
         zeros = [np.zeros(shape) for shape in
@@ -338,23 +406,54 @@ class RoundingModel:
                 flips)
 
 
-def _available_memory() -> int:
-    """Bytes the machine can still give (MemAvailable), or MEMORY_CAP when unknown."""
+def _key(seed, stream):
+    """A threefry key (uint32[2]) of a seed and a stream, made on the host (no program)."""
+    return np.array([int(seed) % 2 ** 32, stream], np.uint32)
+
+
+def _available_memory() -> int | None:
+    """Bytes the machine can still give (MemAvailable), or None when unknown."""
     try:
         with open("/proc/meminfo") as f:
             for line in f:
                 if line.startswith("MemAvailable:"):
                     return int(line.split()[1]) * 1024
-    except OSError:
+    except (OSError, ValueError, IndexError):
         pass
-    return MEMORY_CAP
+    return None
 
 
-def _chunks(samples, elements):
-    """Sample counts that add up to ``samples``, each chunk within the memory budget: a
-    quarter of the memory available, at most MEMORY_CAP, at BYTES_PER_SAMPLE_ELEMENT per
-    sample and recorded element (its noise, its perturbation, the perturbed value)."""
-    budget = min(MEMORY_CAP, _available_memory() // 4)
+def parse_bytes(text) -> int:
+    """'4G', '512M', '64k' or a number of bytes -> bytes (powers of 1024)."""
+    value = str(text).strip().upper().removesuffix("B").removesuffix("I")
+    scale = 1
+    if value and value[-1] in "KMGT":
+        scale, value = 1024 ** ("KMGT".index(value[-1]) + 1), value[:-1]
+    try:
+        number = float(value)
+    except ValueError:
+        number = -1.0
+    if not number > 0:
+        raise ValueError(f"{MEMORY_ENV}: expected a size such as 4G, 512M or a number of "
+                         f"bytes, got {text!r}")
+    return int(number * scale)
+
+
+def memory_budget(environ=None) -> int:
+    """Bytes one chunk of samples may take: $GRADLAB_MEMORY_BUDGET when set, else a quarter
+    (1 / MEMORY_FRACTION) of the memory the machine has available now, else MEMORY_UNKNOWN."""
+    environ = os.environ if environ is None else environ
+    if environ.get(MEMORY_ENV, "").strip():
+        return parse_bytes(environ[MEMORY_ENV])
+    available = _available_memory()
+    return MEMORY_UNKNOWN if available is None else available // MEMORY_FRACTION
+
+
+def _chunks(samples, elements, budget=None):
+    """Sample counts that add up to ``samples``, each chunk within ``budget`` bytes (default
+    ``memory_budget()``) at BYTES_PER_SAMPLE_ELEMENT per sample and recorded element; a chunk
+    is never smaller than one sample."""
+    budget = memory_budget() if budget is None else budget
     n = samples
     while n > 1 and n * elements * BYTES_PER_SAMPLE_ELEMENT > budget:
         n //= 2
@@ -364,25 +463,35 @@ def _chunks(samples, elements):
 class _Noise:
     """The perturbation of each rounding operation, in program order.
 
-    "record": notes (shape, part) and adds nothing; "amplitude": the exact run, which keeps each
-    operation's amplitude and adds nothing; "perturb": adds amplitude x noise."""
+    "record": notes (shape, part) in ``store`` and whether it is a sum's accumulation in
+    ``kept``, and adds nothing; "amplitude": the exact run, which keeps the amplitudes of the
+    operations in ``kept`` (operation -> index) and adds nothing; "perturb": adds amplitude x
+    scale(k) x noises[k], with the kept amplitudes in ``store`` (the others taken as it goes);
+    "exact": adds nothing."""
 
-    def __init__(self, mode, store, noises=None, preds=None, flips=None):
+    def __init__(self, mode, store, noises=None, preds=None, flips=None, *, kept=None,
+                 scale=None):
         self.mode, self.store, self.noises, self.count = mode, store, noises, 0
         self.preds, self.flips, self.branches = preds, flips, 0
+        self.kept, self.scale = kept, scale
 
-    def __call__(self, shape, part, amplitude):
-        """What to add to a result: ``amplitude()`` is its noise scale, evaluated exactly once."""
+    def __call__(self, shape, part, amplitude, accumulation=False):
+        """What to add to a result: ``amplitude()`` is its noise scale, evaluated once (in the
+        exact run where kept, in the perturbed run otherwise); ``accumulation``: a sum's."""
         k, self.count = self.count, self.count + 1
         if self.mode == "record":
             self.store.append((tuple(shape), PARTS.index(part)))
+            self.kept.append(accumulation)
             return 0.0
         if self.mode == "amplitude":
-            self.store.append(amplitude())
+            if k in self.kept:
+                self.store.append(amplitude())
             return 0.0
-        if self.mode == "exact" or self.noises[k] is None:  # None: another part's operation
+        scale = None if self.mode == "exact" else self.scale(k)
+        if scale is None:  # None: another part's operation
             return 0.0
-        return self.store[k] * self.noises[k]
+        a = self.store[self.kept[k]] if k in self.kept else amplitude()
+        return a * (scale * self.noises[k])
 
     def branch(self, name, ins, out):
         """A comparison's (or max/min's) result: its margin (the difference of its operands,
@@ -519,7 +628,7 @@ def _round(name, eqn, ins, out, noise, part):
     # a product accumulates in its own part; a sum rounds with its results (module docstring)
     sums = part + "_sums" if name == "dot_general" and part != "format" else part
     return out + noise(jnp.shape(out), sums,
-                       lambda: _finite(_sum_amplitude(name, eqn, ins, exact)))
+                       lambda: _finite(_sum_amplitude(name, eqn, ins, exact)), accumulation=True)
 
 
 def _finite(amplitude):

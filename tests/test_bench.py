@@ -121,4 +121,28 @@ def test_the_model_rows_name_their_dtype_widths_and_load_average():
                                              "ok": True, "dtype": "float32", "load": [1.5, 2.0]}}}
     text = checker_cost.format_cost(cost)
     assert "whole-model check, float32" in text
-    assert "large (B 32 T 64 D 6 H 2 F 8)" in text and "1.5, 2.0" in text
+    assert "large (B 32 T 64 D 256 H 8 F 1024)" in text and "1.5, 2.0" in text
+
+
+def test_a_failing_model_row_names_its_failing_tensors():
+    from experiments import checker_cost
+    cost = {"layer": {}, "model": {"registry": {"seconds": 2.0, "peak_bytes": 2 ** 29, "ok": False,
+                                                "failed": ["enc0.ff.W1", "out.b"]}}}
+    assert "FAILED: enc0.ff.W1, out.b" in checker_cost.format_cost(cost)
+
+
+def test_the_large_model_row_is_the_benchs_step_at_its_own_widths():
+    """The large row checks the model at the bench's widths, which --sizes rejects for the
+    registry's row (it fixes D 6, H 2, F 8): registry.model_at draws that case."""
+    import numpy as np
+    from checks.registry import model_at
+    from experiments import bench, checker_cost
+    large = checker_cost.MODEL_SIZES["large"]
+    assert {k: large[k] for k in ("B", "T", "D", "H", "F")} == {
+        k: bench.STEP_SIZES["large"][k] for k in ("B", "T", "D", "H", "F")}
+    row = model_at(D=8, H=2, F=12)  # the same draw at small widths, for speed
+    (src, tgt), params, _ = row.case(np.random.default_rng(0), np.float32, {"B": 3, "T": 4})
+    assert src.shape == tgt.shape == (3, 4)
+    assert params["enc0.ff.W1"].shape == (8, 12) and params["out.W"].shape == (8, 4)
+    with pytest.raises(ValueError, match="widths: expected D, H or F, got V"):
+        model_at(V=5)

@@ -7,15 +7,45 @@ import kernels
 import reference
 from checks import rounding
 from checks.engine import check_layer
+from checks.registry import layer_check
 
 
-def test_chunks_add_up_to_the_samples_and_shrink_with_the_budget(monkeypatch):
-    assert rounding._chunks(16, 10) == [16]
-    monkeypatch.setattr(rounding, "MEMORY_CAP", 16 * 4 * rounding.BYTES_PER_SAMPLE_ELEMENT)
-    assert rounding._chunks(16, 16) == [4, 4, 4, 4]
-    assert rounding._chunks(16, 10 ** 9) == [1] * 16
-    assert rounding._chunks(12, 16) == [3, 3, 3, 3]
-    assert sum(rounding._chunks(10, 16)) == 10
+def test_chunks_add_up_to_the_samples_and_shrink_with_the_budget():
+    per_sample = lambda elements: elements * rounding.BYTES_PER_SAMPLE_ELEMENT
+    assert rounding._chunks(16, 10, budget=per_sample(10) * 16) == [16]
+    assert rounding._chunks(16, 16, budget=per_sample(16) * 4) == [4, 4, 4, 4]
+    assert rounding._chunks(16, 10 ** 9, budget=per_sample(16) * 4) == [1] * 16
+    assert rounding._chunks(12, 16, budget=per_sample(16) * 4) == [3, 3, 3, 3]
+    assert sum(rounding._chunks(10, 16, budget=per_sample(16) * 4)) == 10
+
+
+@pytest.mark.parametrize("elements", [1, 7, 1000, 3 * 10 ** 5, 4 * 10 ** 8])
+@pytest.mark.parametrize("budget", [10 ** 5, 10 ** 7, 2 ** 31, 2 ** 34])
+def test_every_chunk_fits_the_budget_unless_it_is_one_sample(elements, budget):
+    """The planner's bound: a chunk of n samples takes n x elements x BYTES_PER_SAMPLE_ELEMENT
+    bytes, within the budget, or is one sample (the least a run can take); and it does not
+    split more than it must (twice the chunk would not fit)."""
+    chunks = rounding._chunks(16, elements, budget=budget)
+    assert sum(chunks) == 16
+    size = lambda n: n * elements * rounding.BYTES_PER_SAMPLE_ELEMENT
+    for n in chunks:
+        assert n == 1 or size(n) <= budget, (n, size(n), budget)
+    if chunks[0] < 16:
+        assert size(2 * chunks[0]) > budget
+
+
+def test_the_budget_is_read_from_the_environment_or_the_machine(monkeypatch):
+    env = rounding.MEMORY_ENV
+    assert rounding.memory_budget({env: "4G"}) == 4 * 2 ** 30
+    assert rounding.memory_budget({env: "512M"}) == 512 * 2 ** 20
+    assert rounding.memory_budget({env: "12345"}) == 12345
+    for bad in ("lots", "-1G", "0"):
+        with pytest.raises(ValueError, match=env):
+            rounding.memory_budget({env: bad})
+    monkeypatch.setattr(rounding, "_available_memory", lambda: 8 * 2 ** 30)
+    assert rounding.memory_budget({}) == 8 * 2 ** 30 // rounding.MEMORY_FRACTION
+    monkeypatch.setattr(rounding, "_available_memory", lambda: None)
+    assert rounding.memory_budget({}) == rounding.MEMORY_UNKNOWN
 
 
 @pytest.mark.slow  # compiles the rounding model twice
@@ -27,7 +57,7 @@ def test_a_check_in_chunks_of_one_sample_gives_the_spreads_of_one_pass(monkeypat
     run = lambda: check_layer(kernels.linear_forward, kernels.linear_backward,
                               reference.linear, [x], params, seed=3)
     whole = run()
-    monkeypatch.setattr(rounding, "MEMORY_CAP", 1)   # one sample per chunk
+    monkeypatch.setenv(rounding.MEMORY_ENV, "1")   # one sample per chunk
     from checks import legs
     monkeypatch.setattr(legs, "_ROUNDING_MODELS", {})
     chunked = run()
@@ -38,11 +68,18 @@ def test_a_check_in_chunks_of_one_sample_gives_the_spreads_of_one_pass(monkeypat
         assert 0.5 < a.tol / b.tol < 2, (a.name, a.tol, b.tol)
 
 
-def test_the_kink_runs_reuse_the_spreads_draws_and_find_what_their_own_draws_find(monkeypatch):
+@pytest.mark.parametrize("per_part", [False, True], ids=["draws-on-host", "draws-in-program"])
+def test_the_kink_runs_reuse_the_spreads_draws_and_find_what_their_own_draws_find(monkeypatch,
+                                                                                  per_part):
     """One set of normal draws feeds the spreads and the kink runs (the draws are the costliest
     host work of a large model's check): the flip at a pre-activation of 1e-7 is found from
-    the spread's draws, without drawing again, as a kink run with its own draws finds it."""
+    the spread's draws, without drawing again, as a kink run with its own draws finds it; in
+    one program for all parts (draws made on the host) and in a program per part (drawn in
+    the program from each sample's key)."""
+    from checks import legs
     from checks.legs import Oracle
+    monkeypatch.setattr(legs, "_ROUNDING_MODELS", {})
+    monkeypatch.setattr(rounding, "PER_PART_ELEMENTS", 0 if per_part else 2 ** 22)
     from checks.wild import plain_ff
     x, p = plain_ff(np.random.default_rng(0), np.float32, B=2, T=8, D=16, F=32)
     z = x.astype(np.float64).reshape(-1, 16) @ p["W1"].astype(np.float64)
@@ -58,9 +95,69 @@ def test_the_kink_runs_reuse_the_spreads_draws_and_find_what_their_own_draws_fin
 
     def no_second_draw(*args, **kwargs):
         raise AssertionError("the kink runs drew their own noise")
-    monkeypatch.setattr(rounding.RoundingModel, "_add_flips", no_second_draw)
+    monkeypatch.setattr(rounding.RoundingModel, "_add_margins", no_second_draw)
     shared = shared_oracle.kinks(dout, us, seed=0)
+    assert next(iter(legs._ROUNDING_MODELS.values())).per_part == per_part
     assert alone[3] >= 1 and shared[3] >= 1  # predicates flipped
     for a, b in ((alone[0], shared[0]), (alone[2]["W1"], shared[2]["W1"])):
         assert np.any(a > 0) and np.any(b > 0)
         assert np.unravel_index(a.argmax(), a.shape) == np.unravel_index(b.argmax(), b.shape)
+
+
+def _linear_model(seed=0):
+    from checks.legs import Oracle
+    rng = np.random.default_rng(seed)
+    inputs = [rng.standard_normal((2, 6, 8))]
+    params = {"W": rng.standard_normal((8, 5)) / np.sqrt(8), "b": 0.1 * rng.standard_normal(5)}
+    return Oracle(reference.linear, inputs, params, {}, [0]), rng.standard_normal((2, 6, 5))
+
+
+def test_a_program_per_part_draws_in_the_program_the_same_noise_in_every_chunking(monkeypatch):
+    """Beyond PER_PART_ELEMENTS every part has its own program, which draws each sample's noise
+    from the sample's key as it goes (no sample's draws held whole): chunks of one sample then
+    give the spreads of one pass of 16, to the float64 sums' rounding, not only statistically."""
+    from checks import legs
+    monkeypatch.setattr(rounding, "PER_PART_ELEMENTS", 0)
+    spreads = []
+    for budget in ("1G", "1"):  # one chunk of 16 samples, then 16 chunks of one
+        monkeypatch.setenv(rounding.MEMORY_ENV, budget)
+        monkeypatch.setattr(legs, "_ROUNDING_MODELS", {})
+        oracle, dout = _linear_model()
+        out, d_in, d_params = oracle.spread(dout, seed=5)
+        model = next(iter(legs._ROUNDING_MODELS.values()))
+        assert model.per_part
+        spreads.append([out, d_in[0], d_params["W"], d_params["b"]])
+    for a, b in zip(*spreads):
+        for part_a, part_b in zip(a, b):
+            np.testing.assert_allclose(part_a, part_b, rtol=1e-9, atol=0)
+        assert np.all(a.at(1.0, 1.0, 1.0) > 0)  # every element spreads (nothing left out)
+
+
+@pytest.mark.slow  # the model's rounding model compiled as a program per part
+def test_the_model_checked_with_its_noise_drawn_in_the_program_passes_and_catches_a_bug(
+        monkeypatch):
+    """The regime of the bench's large size (a program per part, each sample's noise drawn in
+    the program, chunks of one sample) at a size that runs in seconds: the correct model in
+    float32 passes; one element of one gradient off by half of itself fails that tensor alone,
+    blamed on the hand."""
+    from checks import legs
+    from checks.registry import model_at
+    from checks.verdict import Kind
+    monkeypatch.setattr(rounding, "PER_PART_ELEMENTS", 0)
+    monkeypatch.setenv(rounding.MEMORY_ENV, "1")  # one sample per chunk
+    monkeypatch.setattr(legs, "_ROUNDING_MODELS", {})
+    row, sizes = model_at(D=8, H=2, F=16), {"B": 2, "T": 6}
+    correct = layer_check(row, np.float32, seed=2, sizes=sizes)
+    report = correct.run()
+    assert report.ok, "\n" + str(report)
+    model = next(iter(legs._ROUNDING_MODELS.values()))
+    assert model.per_part and rounding._chunks(model.samples, model.elements) == [1] * 16
+
+    def buggy(dout, cache):
+        d_in, d_params = row.backward(dout, cache)
+        g = np.array(d_params["dec1.ff.W1"])
+        g[3, 5] *= 1.5  # one element, half of itself off
+        return d_in, {**d_params, "dec1.ff.W1": g}
+    bug = layer_check(row, np.float32, seed=2, sizes=sizes, backward=buggy).run()
+    assert bug.failing == ["dec1.ff.W1"], "\n" + str(bug)
+    assert next(t for t in bug.tensors if not t.ok).verdict.kind is Kind.HAND_WRONG
