@@ -27,17 +27,20 @@ def row_sum(x):
     return x @ xp.ones((N, 1), dtype=x.dtype)  # (..., N) x (N, 1) -> (..., 1)
 
 
-def softmax_rows(logits, keep=None):
+def softmax_rows(logits, keep=None, *, overwrite=False):
     """softmax over the last axis; keep (broadcastable 0/1 of the logits' dtype) masks keys out.
 
     Masked keys get probability exactly 0, as with the article's additive -1e9 (whose exp
     underflows to 0): multiplying exp() by keep is the same maths without the huge logits.
+    overwrite: the logits are the caller's own temporary, and exp() is written over them (one
+    fresh array fewer: a fresh array's first writes fault its pages in, which measured as much
+    as the exp itself at attention's sizes).
     """
     xp = array_module(logits)
     # max |logit| from the largest and the smallest: two reductions, no |logits| array (NaN in
     # both propagates, and NaN < SAFE_LOGIT is False)
     if max(float(logits.max()), -float(logits.min())) < SAFE_LOGIT:
-        e = xp.exp(logits)                                                # (..., N)
+        e = xp.exp(logits, out=logits if overwrite else None)             # (..., N)
     else:  # large logits: the textbook per-row shift, with the mask added before the max
         if keep is not None:
             logits = logits + (1 - keep) * logits.dtype.type(MASK_VALUE)

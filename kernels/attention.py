@@ -144,7 +144,8 @@ def _attention_forward(x, z, params, *, causal=False, qk_norm=False):
         q, k, qk = _qk_norm(q, k, params)                       # (H, B, T, P), (H, B, S, P)
     logits = q @ _transposed(k)                                 # (H, B, T, P) x (H, B, P, S) -> (H, B, T, S)
     logits *= x.dtype.type(1 / math.sqrt(P))                    # the 1/sqrt(P) scaling
-    a = softmax_rows(logits, causal_keep(T, x.dtype, xp) if causal else None)  # (H, B, T, S)
+    a = softmax_rows(logits, causal_keep(T, x.dtype, xp) if causal else None,
+                     overwrite=True)                            # (H, B, T, S), over the logits
     heads = xp.empty((B, T, H, P), dtype=x.dtype)               # (B, T, H, P): heads concatenated
     xp.matmul(a, v, out=heads.transpose(2, 0, 1, 3))            # (H, B, T, P) view written in place
     heads = heads.reshape(B * T, D)                             # (B*T, D)
