@@ -20,12 +20,13 @@ def rms_norm_forward(x, params, *, eps=EPS):
     check_params("rms_norm", params, {}, x.dtype)
     xp = array_module(x)
     D = x.shape[-1]
-    inv_rms = row_sum(x * x)                  # (..., 1) sum of squares (a product: faster than mean)
+    squares = x * x                           # (..., D)
+    inv_rms = row_sum(squares)                # (..., 1) sum of squares (a product: faster than mean)
     inv_rms *= x.dtype.type(1 / D)            # mean of squares, then in place on the small array:
     inv_rms += x.dtype.type(eps)
     xp.sqrt(inv_rms, out=inv_rms)
     xp.reciprocal(inv_rms, out=inv_rms)       # 1 / sqrt(mean(x^2) + eps)
-    y = x * inv_rms                           # (..., D)
+    y = xp.multiply(x, inv_rms, out=squares)  # (..., D), over the squares: one fresh array
     return y, RmsNormCache(y, inv_rms)
 
 
@@ -33,8 +34,11 @@ def rms_norm_forward(x, params, *, eps=EPS):
 def rms_norm_backward(dy, cache):
     """dx = (dy - y * mean(dy * y)) / rms: the direct term minus the term through the rms."""
     y, inv_rms = cache.y, cache.inv_rms
-    mean_dy_y = row_sum(dy * y)                               # (..., 1) sum over D ...
+    xp = array_module(dy)
+    dx = dy * y                                               # (..., D), then reused:
+    mean_dy_y = row_sum(dx)                                   # (..., 1) sum over D ...
     mean_dy_y *= dy.dtype.type(1 / y.shape[-1])               # ... then the mean
-    dx = dy - y * mean_dy_y                                   # (..., D) direct minus through the rms
+    xp.multiply(y, mean_dy_y, out=dx)                         # (..., D) through the rms
+    xp.subtract(dy, dx, out=dx)                               # (..., D) direct minus through the rms
     dx *= inv_rms                                             # (..., D), in place on the fresh array
     return dx, {}
