@@ -1,7 +1,7 @@
 """Softmax over the last axis and leaky ReLU."""
 from typing import NamedTuple
 
-from kernels.backend import array_module, check_float, check_params
+from kernels.backend import array_module, check_float, check_params, ones
 from kernels.precision import half_precision_backward, half_precision
 
 
@@ -20,11 +20,11 @@ def row_sum(x):
     contiguous stack is one (rows, N) product: (..., N) @ (N, 1) is one product per leading
     index (2x slower on attention's (H, B, T, S) weights).
     """
-    xp = array_module(x)
     N = x.shape[-1]
+    column = ones(array_module(x), (N, 1), x.dtype)                          # (N, 1)
     if x.ndim > 2 and x.flags.c_contiguous:
-        return (x.reshape(-1, N) @ xp.ones((N, 1), dtype=x.dtype)).reshape(*x.shape[:-1], 1)
-    return x @ xp.ones((N, 1), dtype=x.dtype)  # (..., N) x (N, 1) -> (..., 1)
+        return (x.reshape(-1, N) @ column).reshape(*x.shape[:-1], 1)
+    return x @ column  # (..., N) x (N, 1) -> (..., 1)
 
 
 def row_max(x):

@@ -34,11 +34,8 @@ def rms_norm_forward(x, params, *, eps=EPS):
 def rms_norm_backward(dy, cache):
     """dx = (dy - y * mean(dy * y)) / rms: the direct term minus the term through the rms."""
     y, inv_rms = cache.y, cache.inv_rms
-    xp = array_module(dy)
-    dx = dy * y                                               # (..., D), then reused:
-    mean_dy_y = row_sum(dx)                                   # (..., 1) sum over D ...
+    mean_dy_y = row_sum(dy * y)                               # (..., 1) sum over D ...
     mean_dy_y *= dy.dtype.type(1 / y.shape[-1])               # ... then the mean
-    xp.multiply(y, mean_dy_y, out=dx)                         # (..., D) through the rms
-    xp.subtract(dy, dx, out=dx)                               # (..., D) direct minus through the rms
+    dx = dy - y * mean_dy_y                                   # (..., D) direct minus through the rms
     dx *= inv_rms                                             # (..., D), in place on the fresh array
     return dx, {}
