@@ -63,7 +63,7 @@ def adam_step(params, grads, state: AdamState, rate, *, beta1=0.9, beta2=0.999, 
         groups.setdefault((p.dtype, array_module(p)), []).append(key)
     new_params, new_m, new_v = {}, {}, {}
     for (_, xp), keys in groups.items():
-        flat = lambda arrays: xp.concatenate([arrays[k].reshape(-1) for k in keys])  # (N,) fresh
+        flat = lambda arrays: xp.concatenate([arrays[k] for k in keys], axis=None)  # (N,) fresh
         g = flat(grads)
         m = flat(state.m)
         m *= beta1
