@@ -1,6 +1,7 @@
-"""Timing that compares in one run: interleaved repeats, medians, the BLAS thread setting, and
-what the run ran on (BLAS library and kernel, threads, JAX and PyTorch), with a warning when
-OPENBLAS_CORETYPE forces OpenBLAS onto another kernel than the one it detects for the CPU."""
+"""Timing that compares in one run: interleaved repeats, medians, the BLAS thread setting, the
+allocator setting (reuse_freed_memory) and page-fault counts, and what the run ran on (BLAS
+library and kernel, threads, JAX and PyTorch), with a warning when OPENBLAS_CORETYPE forces
+OpenBLAS onto another kernel than the one it detects for the CPU."""
 from __future__ import annotations
 
 import contextlib
@@ -120,9 +121,11 @@ def reuse_freed_memory() -> str:
     up to 32 MiB come from the heap instead of fresh mmaps, and the heap's top is not handed
     back to the system.  By default, an array above the (adaptive) mmap threshold is fresh
     memory whose first writes fault each 4 KiB page in, and a NumPy step that allocates a few
-    MB per step pays those faults on every step (counted by minor_faults: about 1800 per
-    article-size step).  XLA reuses its own buffers; this gives NumPy's (and PyTorch's, and
-    XLA's own mallocs) the same reuse.  Returns the setting for the header, or why it was not
+    MB per step pays those faults on every step (counted by minor_faults, on a loaded 2-core
+    machine: about 1800 per article-size step in a process that runs the lab alone, and about
+    14 000 per large step inside the bench, where JAX's allocations have already raised
+    glibc's adaptive threshold).  XLA reuses its own buffers; this gives NumPy's (and
+    PyTorch's, and XLA's own mallocs) the same reuse.  Returns the setting for the header, or why it was not
     applied (not glibc)."""
     import ctypes
     import ctypes.util
