@@ -14,6 +14,10 @@ Absolute times drift on shared machines; the ratios are the result.  The header 
 were measured on (timing.environment): the BLAS library and kernel, threads, JAX and PyTorch.
 With OPENBLAS_CORETYPE (or OPENBLAS_L2_SIZE) set, a warning says so and the training steps are
 timed a second time in a process without them, so the ratios under both settings are shown.
+By default glibc's malloc is asked to keep freed memory (timing.reuse_freed_memory, printed in
+the header; --no-reuse-memory leaves the system's setting): without it every fresh array above
+malloc's mmap threshold faults its pages in, on every step, for the lab, JAX and PyTorch alike;
+each step row counts the lab's page faults per step.
 """
 from __future__ import annotations
 
@@ -51,6 +55,7 @@ class Config:
     checker: bool = True        # also time the checker against gradcheck and check_grads, and the whole-model check's time and memory
     extras: bool = True         # also time the sqrt(d) study
     half: bool = True           # also time the model in float16 and bfloat16 against float32
+    reuse_memory: bool = True   # glibc malloc keeps freed memory for reuse, process-wide (timing.reuse_freed_memory)
     seed: int = 0               # seed of the inputs and parameters
 
     def __post_init__(self):
@@ -186,6 +191,9 @@ def jax_step_runner(step: LabStep):
     return run, flops
 
 
+FAULT_STEPS = 5  # lab steps run after the timing to count their page faults
+
+
 def step_row(config, xp, name):
     """One training step of the lab against the jitted JAX step and, when PyTorch is installed
     (and the lab runs on NumPy), PyTorch eager and torch.compile: one interleaved measurement."""
@@ -206,11 +214,15 @@ def step_row(config, xp, name):
     candidates["matmul"], mm_flops = timing.matmul(xp, np.float32)  # the rate, in the same loop
     with timing.blas_threads(config.threads):
         t = timing.compare(candidates, repeats=config.repeats, warmup=config.warmup)
+        faults = timing.minor_faults()
+        for _ in range(FAULT_STEPS):
+            step()
+        faults = (timing.minor_faults() - faults) / FAULT_STEPS
     s = step.sizes
     return {"what": f"training step, {name} " + " ".join(f"{k}{v}" for k, v in s.items()),
             "size": name, "lab_ms": 1e3 * t["lab"], "jax_ms": 1e3 * t["jax"],
             "ratio": t["lab"] / t["jax"], "flops": flops, "lab_flops_per_s": flops / t["lab"],
-            "matmul_flops_per_s": mm_flops / t["matmul"],
+            "matmul_flops_per_s": mm_flops / t["matmul"], "lab_faults_per_step": faults,
             "peers_ms": {k: 1e3 * v for k, v in t.items() if k not in ("lab", "jax", "matmul")},
             "peer_notes": notes}
 
@@ -330,7 +342,8 @@ def step_rows(config, xp) -> list:
         row["note"] = (f"lab at {row['lab_flops_per_s'] / 1e9:.1f} GFLOP/s = "
                        f"{row['lab_flops_per_s'] / rate:.0%} of the matmul rate measured in the "
                        f"same loop ({rate / 1e9:.1f} GFLOP/s; {row['flops'] / 1e6:.0f} MFLOP per "
-                       f"step, counted by XLA)")
+                       f"step, counted by XLA); {row['lab_faults_per_step']:.0f} page faults per "
+                       f"lab step")
         steps.append(row)
     return steps
 
@@ -338,7 +351,7 @@ def step_rows(config, xp) -> list:
 def _steps_here(config_fields: dict) -> dict:
     """The child's side of unforced_steps: its environment and its step rows."""
     config = Config(**{k: tuple(v) if isinstance(v, list) else v for k, v in config_fields.items()})
-    return {"environment": timing.environment(config.threads),
+    return {"environment": timing.environment(config.threads, _allocator(config)),
             "steps": step_rows(config, array_module(config.backend))}
 
 
@@ -355,10 +368,15 @@ def unforced_steps(config) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def _allocator(config) -> str:
+    """The allocator setting of this process: reuse_freed_memory's answer, or the default."""
+    return timing.reuse_freed_memory() if config.reuse_memory else "system default (--no-reuse-memory)"
+
+
 def run(config: Config) -> common.Result:
     start = time.perf_counter()
     xp = array_module(config.backend)
-    environment = timing.environment(config.threads)
+    environment = timing.environment(config.threads, _allocator(config))
     header = timing.format_header(environment)
     print(header, flush=True)
     rows = []

@@ -1,6 +1,7 @@
-"""Timing that compares in one run: interleaved repeats, medians, the BLAS thread setting, and
-what the run ran on (BLAS library and kernel, threads, JAX and PyTorch), with a warning when
-OPENBLAS_CORETYPE forces OpenBLAS onto another kernel than the one it detects for the CPU."""
+"""Timing that compares in one run: interleaved repeats, medians, the BLAS thread setting, the
+allocator setting (reuse_freed_memory) and page-fault counts, and what the run ran on (BLAS
+library and kernel, threads, JAX and PyTorch), with a warning when OPENBLAS_CORETYPE forces
+OpenBLAS onto another kernel than the one it detects for the CPU."""
 from __future__ import annotations
 
 import contextlib
@@ -109,13 +110,51 @@ def _torch_info(threads: int) -> dict:
             "threads": threads or default, "interop_threads": torch.get_num_interop_threads()}
 
 
-def environment(threads: int) -> dict:
+# glibc malloc's settings for reuse_freed_memory: the largest mmap threshold glibc accepts on
+# 64-bit machines, and a trim threshold far above any working set of the bench
+MMAP_THRESHOLD, TRIM_THRESHOLD = 32 * 2 ** 20, 2 ** 30
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt's parameter numbers (malloc.h)
+
+
+def reuse_freed_memory() -> str:
+    """Ask glibc's malloc to keep freed memory for the next allocation, process-wide: blocks
+    up to 32 MiB come from the heap instead of fresh mmaps, and the heap's top is not handed
+    back to the system.  By default, an array above the (adaptive) mmap threshold is fresh
+    memory whose first writes fault each 4 KiB page in, and a NumPy step that allocates a few
+    MB per step pays those faults on every step (counted by minor_faults, on a loaded 2-core
+    machine: about 1800 per article-size step in a process that runs the lab alone, and about
+    14 000 per large step inside the bench, where JAX's allocations have already raised
+    glibc's adaptive threshold).  XLA reuses its own buffers; this gives NumPy's (and
+    PyTorch's, and XLA's own mallocs) the same reuse.  Returns the setting for the header, or why it was not
+    applied (not glibc)."""
+    import ctypes
+    import ctypes.util
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return f"system allocator unchanged (not glibc: {platform.system()} {platform.libc_ver()[0]})"
+    libc = ctypes.CDLL(ctypes.util.find_library("c"))
+    if not (libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) and
+            libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)):
+        return "system allocator unchanged (mallopt refused the settings)"
+    return (f"glibc malloc keeps freed memory (mallopt M_MMAP_THRESHOLD {MMAP_THRESHOLD >> 20} MiB, "
+            f"M_TRIM_THRESHOLD {TRIM_THRESHOLD >> 20} MiB)")
+
+
+def minor_faults() -> int:
+    """Page faults this process has taken so far without reading a disk (first touches of
+    fresh memory, mostly)."""
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def environment(threads: int, malloc: str = "system default") -> dict:
     """What a timing ran on.  threads: the BLAS (and PyTorch intra-op) threads the bench sets
-    (0: the libraries' defaults).  With OPENBLAS_CORETYPE set, 'detected_kernel' names the
-    kernel OpenBLAS picks when it is unset (one extra process)."""
+    (0: the libraries' defaults); malloc: the allocator setting (reuse_freed_memory's answer).
+    With OPENBLAS_CORETYPE set, 'detected_kernel' names the kernel OpenBLAS picks when it is
+    unset (one extra process)."""
     import jax
     import numpy
     env = {"cpu": _cpu_model(), "cpus": os.cpu_count(), "machine": platform.machine(),
+           "malloc": malloc,
            "load_average": [round(x, 2) for x in os.getloadavg()],
            "python": platform.python_version(), "numpy": numpy.__version__,
            "blas": blas_info(), "blas_threads": threads or "library default",
@@ -159,6 +198,7 @@ def format_header(env: dict) -> str:
     lines = [f"machine: {env['cpu']} ({env['machine']}), {env['cpus']} CPUs, load average "
              f"{' '.join(map(str, env['load_average']))} (1, 5, 15 min)",
              f"BLAS: {blas}; the bench sets {env['blas_threads']} thread(s)",
+             f"malloc: {env.get('malloc', 'system default')}",
              f"numpy {env['numpy']}, python {env['python']}",
              f"jax {jax['version']} on {jax['backend']} ({jax['devices']} devices), threads: {jax['threads']}",
              f"torch: {torch_line}",

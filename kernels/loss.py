@@ -1,6 +1,7 @@
 """Sparse cross-entropy on logits with integer targets, mean over every position."""
 from typing import NamedTuple
 
+from kernels.activations import per_row, row_max, row_sum
 from kernels.backend import array_module, check_float, check_ids, check_params
 from kernels.precision import half_precision_backward, half_precision
 
@@ -20,10 +21,13 @@ def cross_entropy_forward(logits, targets, params):
                          f"got {tuple(targets.shape)}")
     check_params("cross_entropy", params, {}, logits.dtype)
     xp = array_module(logits)
-    shifted = logits - logits.max(axis=-1, keepdims=True)                 # (..., V)
-    log_z = xp.log(xp.exp(shifted).sum(axis=-1, keepdims=True))            # (..., 1)
-    log_p = shifted - log_z                                                # (..., V) log-softmax
-    picked = xp.take_along_axis(log_p, targets[..., None], axis=-1)        # (..., 1)
+    V = logits.shape[-1]
+    shifted = logits - row_max(logits)                                     # (..., V)
+    log_z = row_sum(xp.exp(shifted))                                       # (..., 1) then in place:
+    xp.log(log_z, out=log_z)
+    log_p = shifted                                                        # (..., V) log-softmax, in place
+    log_p -= per_row(log_z, V)
+    picked = log_p.reshape(-1)[xp.arange(targets.size) * V + targets.reshape(-1)]  # (N,) at the targets
     loss = -picked.mean()                                                  # () scalar
     return loss, CrossEntropyCache(xp.exp(log_p), targets)
 

@@ -20,12 +20,13 @@ def rms_norm_forward(x, params, *, eps=EPS):
     check_params("rms_norm", params, {}, x.dtype)
     xp = array_module(x)
     D = x.shape[-1]
-    inv_rms = row_sum(x * x)                  # (..., 1) sum of squares (a product: faster than mean)
+    squares = x * x                           # (..., D)
+    inv_rms = row_sum(squares)                # (..., 1) sum of squares (a product: faster than mean)
     inv_rms *= x.dtype.type(1 / D)            # mean of squares, then in place on the small array:
     inv_rms += x.dtype.type(eps)
     xp.sqrt(inv_rms, out=inv_rms)
     xp.reciprocal(inv_rms, out=inv_rms)       # 1 / sqrt(mean(x^2) + eps)
-    y = x * inv_rms                           # (..., D)
+    y = xp.multiply(x, inv_rms, out=squares)  # (..., D), over the squares: one fresh array
     return y, RmsNormCache(y, inv_rms)
 
 
