@@ -68,6 +68,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.extend import core as jcore
 
+from checks.aggregate import slice_count, slice_sums
 from reference.layers import BOUNDARY
 
 U_SIM = 2.0 ** -30   # the simulation's roundoff; spreads are scaled by u / U_SIM
@@ -109,6 +110,10 @@ class Spread(NamedTuple):
     backward_sums: np.ndarray
     inputs: np.ndarray
     format: np.ndarray
+    # the same six parts for the deviations projected on the exact result, per set of
+    # ``checks.aggregate.slice_sums`` (the whole tensor, then every slice): the rms of
+    # sum_S d_i e_i, the null distribution of the aggregate test's bias (None: not computed)
+    bias: "Spread | None" = None
 
     def at(self, forward, backward=None, inputs=0.0, format=None):
         """The rounding-error scale of every element, each part at its own roundoff.
@@ -182,8 +187,9 @@ class RoundingModel:
         perturbed = jax.vmap(lambda f, z: self._eval(f, _Noise("perturb", amplitudes, z)),
                              in_axes=(None, 0))(flat, z)
         # a non-finite result the perturbations leave unchanged (a -inf mask) deviates by 0
-        return [jnp.sum(jnp.where(p == e, 0.0, p - e) ** 2, axis=0)     # summed over N
-                for p, e in zip(perturbed, exact)]
+        deviations = [jnp.where(p == e, 0.0, p - e) for p, e in zip(perturbed, exact)]
+        return ([jnp.sum(d ** 2, axis=0) for d in deviations],         # summed over N
+                _projected(deviations, exact))
 
     def _flips(self, flat, amplitudes, exact_preds, noises, scales):
         """Per predicate of the program, where it flips in some perturbed run of the chunk
@@ -297,24 +303,34 @@ class RoundingModel:
             for part in used:
                 if per_part:  # each part's program gets its own operations' noise only
                     own = [xi if p == part else None for xi, (_, p) in zip(noises, self.record)]
-                    sq = self._run_part(flat, *exact[:2], own, part)
+                    sq, pj = self._run_part(flat, *exact[:2], own, part)
                 else:
-                    sq = self._run(flat, *exact[:2], noises, part)
-                sq = [np.asarray(a, np.float64) for a in sq]
+                    sq, pj = self._run(flat, *exact[:2], noises, part)
+                sq = [np.asarray(a, np.float64) for a in list(sq) + list(pj)]  # then projections
                 sums[part] = sq if part not in sums else [a + b for a, b in zip(sums[part], sq)]
             if kink_us is not None and self.has_branches:
                 try:
                     flips = self._add_flips(flips, flat, exact, noises, kink_us)
                 except Exception:  # a program the flip runs cannot follow: ``kinks`` says why
                     kink_us = flips = None
-        zeros = [np.zeros(shape) for shape in
-                 (s.shape for s in jax.tree_util.tree_leaves(self.shapes))]
+        shapes = [s.shape for s in jax.tree_util.tree_leaves(self.shapes)]
+        zeros = [np.zeros(shape) for shape in shapes] + [np.zeros(slice_count(shape))
+                                                          for shape in shapes]
         per_part = [[np.sqrt(a / self.samples) for a in sums[part]] if part in sums else zeros
                     for part in range(len(PARTS))]
-        spreads = [Spread(*(np.asarray(rms, np.float64) for rms in leaf))
-                   for leaf in zip(*per_part)]
+        leaves = list(zip(*per_part))  # per output: its six parts; then per output, its bias's
+        spreads = [Spread(*(np.asarray(rms, np.float64) for rms in leaf),
+                          bias=Spread(*(np.asarray(rms, np.float64) for rms in bias)))
+                   for leaf, bias in zip(leaves[:len(shapes)], leaves[len(shapes):])]
         return (jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(self.shapes), spreads),
                 flips)
+
+
+def _projected(deviations, exact):
+    """Per output, the samples' deviations projected on the exact result over every set of
+    ``checks.aggregate.slice_sums``, squared and summed over the samples: (sets,) each."""
+    return [jnp.sum(slice_sums(d * _finite(e), lead=1, xp=jnp) ** 2, axis=0)
+            for d, e in zip(deviations, exact)]
 
 
 def _available_memory() -> int:
