@@ -597,8 +597,10 @@ class Judge:
             self.fd_tols = _fd_tolerances(self.g_auto, self.measured)
         return self.measured
 
-    def judge(self, hand) -> TensorResult:
-        """The verdict on a hand gradient of this tensor (None: the backward returned none)."""
+    def judge(self, hand, blame=True) -> TensorResult:
+        """The verdict on a hand gradient of this tensor (None: the backward returned none).
+        blame=False: where hand and autodiff disagree, no evidence is examined (the verdict is
+        unresolved, failing all the same): for callers that ask only whether it passes."""
         g = self.g_auto
         result = TensorResult(self.name, tuple(np.shape(self.x)))
         scale = float(np.max(np.abs(g))) if g.size else 0.0
@@ -661,6 +663,9 @@ class Judge:
                                       self.fd.on_oracle or self.fd.skipped)
             if outside is not None:
                 result.verdict = aggregate.with_reason(result.verdict, outside, self.name)
+        elif not blame:
+            result.verdict = Verdict(Kind.UNRESOLVED, "not examined (only whether it passes "
+                                                      "was asked)")
         elif result.score <= 1:  # only a bias: blame from FD along its set (checks.aggregate)
             result.verdict = aggregate.verdict(self.fd, self.key, self.x, h, g, outside,
                                                self.name, self.caveats(), auto_fd_ok, kink)

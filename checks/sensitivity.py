@@ -65,7 +65,9 @@ def _injected(g, region, eps, dtype):
 def threshold(judge, g, region, dtype) -> float:
     """The smallest eps (to 1/32 decade) whose injection on region the judge rejects;
     inf when even eps = 1 passes."""
-    caught = lambda log_eps: not judge.judge(_injected(g, region, 10.0 ** log_eps, dtype)).ok
+    # whether it passes only: a disagreement fails whoever is blamed, so no evidence is examined
+    caught = lambda log_eps: not judge.judge(_injected(g, region, 10.0 ** log_eps, dtype),
+                                             blame=False).ok
     lo, hi = LOG_RANGE
     if not caught(hi):
         return math.inf
