@@ -22,8 +22,9 @@ error of the same shape exceeds the same element-wise tolerance further), to 1/3
 
     python -m checks sensitivity [--layer NAME ...] [--dtype float32|float16|bfloat16] [--large]
 
-Goals (``GOALS``): float64 catches 1e-8 for every pattern; float32 catches 1e-4 for whole
-tensors and single slices, at the registry's sizes and at the bench's large size; float16 1e-2
+Goals (``GOALS``): float64 catches 1e-8 for every pattern; float32 catches 3e-6 for whole
+tensors and 2e-5 for single slices (the aggregate test's), at the registry's sizes and at the
+bench's large size; float16 1e-2
 and bfloat16 5e-2 for whole tensors and single slices of a layer; the whole model in half
 precision 1e-1 (float16) and 1 (bfloat16) for a whole tensor (``COMPOSED_GOALS``).  For scale,
 torch.autograd.gradcheck's defaults (rtol 1e-3, atol 1e-5) catch about 1e-3.
@@ -42,7 +43,9 @@ LOG_RANGE = (-17.0, 0.0)   # eps searched in [1e-17, 1]
 STEPS = 9                  # bisection steps: 17 decades / 2^9 ~ 1/30 decade
 FLOOR = 0.1                # slices and elements below FLOOR x the median magnitude: cancelled
 GOALS = {("float64", "tensor"): 1e-8, ("float64", "slice"): 1e-8, ("float64", "element"): 1e-8,
-         ("float32", "tensor"): 1e-4, ("float32", "slice"): 1e-4,
+         # the aggregate test (checks.aggregate) judges a whole tensor's and each slice's bias
+         # against its own Monte Carlo band: 50 u and 335 u of float32
+         ("float32", "tensor"): 3e-6, ("float32", "slice"): 2e-5,
          # a half-precision layer rounds what it returns once (kernels.precision), which the
          # tolerance allows at ULPS = 4 units: about 20 and 13 units of roundoff u
          ("float16", "tensor"): 1e-2, ("float16", "slice"): 1e-2,
