@@ -30,7 +30,9 @@ roundoff of the format it accumulates in; a sum's accumulation rounds with the s
 the roundoff of its results: plain NumPy on half-precision arrays accumulates a product in
 float32 but a sum in the format itself (``kernels.precision.PLAIN``, ``Policy.plain``).
 The root-mean-square deviation of the perturbed results from the exact one, element by element, is
-the rounding error that a correct implementation of the same maths shows at that element.
+the rounding error that a correct implementation of the same maths shows at that element; the
+same deviations projected on the exact result over the whole tensor and each slice
+(``Spread.bias``) are the null distribution of the aggregate test (``checks.aggregate``).
 
 A composition of layers (the whole model) marks each layer as a call named ``layer:NAME``
 (``reference.layers.BOUNDARY``).  There the model follows what a half-precision composition does
