@@ -597,9 +597,9 @@ class Judge:
             self.fd_tols = _fd_tolerances(self.g_auto, self.measured)
         return self.measured
 
-    def judge(self, hand, blame=True) -> TensorResult:
+    def judge(self, hand, evidence=True) -> TensorResult:
         """The verdict on a hand gradient of this tensor (None: the backward returned none).
-        blame=False: where hand and autodiff disagree, no evidence is examined (the verdict is
+        evidence=False: where hand and autodiff disagree, no evidence is examined (the verdict is
         unresolved, failing all the same): for callers that ask only whether it passes."""
         g = self.g_auto
         result = TensorResult(self.name, tuple(np.shape(self.x)))
@@ -663,7 +663,7 @@ class Judge:
                                       self.fd.on_oracle or self.fd.skipped)
             if outside is not None:
                 result.verdict = aggregate.with_reason(result.verdict, outside, self.name)
-        elif not blame:
+        elif not evidence:
             result.verdict = Verdict(Kind.UNRESOLVED, "not examined (only whether it passes "
                                                       "was asked)")
         elif result.score <= 1:  # only a bias: blame from FD along its set (checks.aggregate)

@@ -70,7 +70,7 @@ def threshold(judge, g, region, dtype) -> float:
     inf when even eps = 1 passes."""
     # whether it passes only: a disagreement fails whoever is blamed, so no evidence is examined
     caught = lambda log_eps: not judge.judge(_injected(g, region, 10.0 ** log_eps, dtype),
-                                             blame=False).ok
+                                             evidence=False).ok
     lo, hi = LOG_RANGE
     if not caught(hi):
         return math.inf

@@ -104,3 +104,17 @@ def test_a_slice_of_the_wild_calibration_judges_correct_kernels_ok_and_bugs_the_
     assert [o for _, o in results] == ["ok", "hand", "ok", "hand", "noted", "ok", "hand"], results
     assert "7 checks: 4 correct kernels, 0 false" in summary(results)
     assert confusion(results).splitlines()[0].split()[:3] == ["case", "dtype", "correct"]
+
+
+def test_a_bias_outside_its_band_is_a_false_alarm_counted_in_the_bias_column():
+    """dW off by 1 + 2e-6 (34 u of float32): inside every element's tolerance, outside the
+    aggregate test's band; the calibration counts it and its bias column shows it."""
+    scaled = lambda dy, c: (lambda dx, g: (dx, {**g, "W": (g["W"].astype(np.float64)
+                                                            * (1 + 2e-6)).astype(g["W"].dtype)}))(
+        *BY_NAME["linear"].backward(dy, c))
+    bad = run_row(BY_NAME["linear"], np.dtype("float32"), seed=0, backward=scaled)
+    W = next(t for t in bad.tensors if t.name == "W")
+    assert W.score <= 1 < W.bias_score
+    margin = Margin("linear", "float32").add(bad, "seed 0")
+    assert margin.false_alarms == 1 and margin.bias == W.bias_score and margin.worst > 1
+    assert "bias" in format_margins([margin]).splitlines()[0]
