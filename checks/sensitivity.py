@@ -55,6 +55,15 @@ GOALS = {("float64", "tensor"): 1e-8, ("float64", "slice"): 1e-8, ("float64", "e
 # too (its errors reach about half the spread), so only a whole wrong tensor has a goal there:
 # 205 u in float16 and, in bfloat16 (3 significant digits), a gradient off by a factor of 2.
 COMPOSITIONS = ("model",)
+# Goals the checker misses, measured and named, not hidden (docs/tolerances.md): (layer, dtype,
+# pattern) -> why.  The tests and the docs' table accept a miss of these only.
+KNOWN_GAPS = {
+    ("model", "float32", "tensor"): "a composition's gradients carry every layer's rounding "
+                                    "(about 6.6e-6 for a whole tensor at the registry's sizes)",
+    ("model", "float32", "slice"): "the same, for one slice (about 3.6e-5)",
+    ("qknorm-mhca", "float32", "slice"): "the QK-norm gains' slices have H = 2 elements, each a "
+                                         "sum over every token: an element's spread (2.4e-5)",
+}
 COMPOSED_GOALS = {("float16", "tensor"): 1e-1, ("bfloat16", "tensor"): 1.0}
 
 
@@ -139,6 +148,10 @@ class Sensitivity:
         if self.layer in COMPOSITIONS and self.dtype in ("float16", "bfloat16"):
             return COMPOSED_GOALS.get((self.dtype, self.pattern))
         return GOALS.get((self.dtype, self.pattern))
+
+    @property
+    def known_gap(self) -> bool:
+        return (self.layer, self.dtype, self.pattern) in KNOWN_GAPS
 
     @property
     def met(self) -> bool | None:
@@ -226,5 +239,5 @@ def summary(results) -> str:
     text = f"{len(goals) - len(missed)} of {len(goals)} goals met"
     if missed:
         text += "; missed: " + ", ".join(f"{s.layer} {s.dtype} {s.sizes} {s.pattern}"
-                                         for s in missed)
+                                         + (" (known)" if s.known_gap else "") for s in missed)
     return text

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from checks.registry import ROWS, layer_check
-from checks.sensitivity import measure
+from checks.sensitivity import KNOWN_GAPS as GAPS, measure
 
 DTYPES = [np.float64, np.float32, np.float16, np.dtype("bfloat16")]
 
@@ -19,7 +19,7 @@ DTYPES = [np.float64, np.float32, np.float16, np.dtype("bfloat16")]
 # caught only at 0.27 in float16 (goal 0.1, enc0.ff.W1) and not at all in bfloat16 (goal 1,
 # enc0.attn.WQ).  The verdicts stay right; the sensitivity goal is missed.  The test still runs
 # every other assertion and is reported as xfailed while the gap lasts (docs/half-precision.md).
-KNOWN_GAPS = {("model", "float16", "tensor"), ("model", "bfloat16", "tensor")}
+KNOWN_GAPS = {("model", "float16", "tensor"), ("model", "bfloat16", "tensor")} | set(GAPS)
 
 # the whole model compiles its oracle and rounding model in seconds: the slow tier (make test-all)
 ROW_PARAMS = [pytest.param(row, id=row.name,
@@ -50,5 +50,6 @@ def test_layer_gradients(row, dtype, xp):
             continue
         assert s.met is not False, f"{s.pattern}: {s.eps:.1e} caught at {s.where}, goal {s.goal}"
     if gaps:
-        pytest.xfail("known sensitivity gap of the unplaced half-precision model: "
+        pytest.xfail("known sensitivity gap (checks.sensitivity.KNOWN_GAPS, or the unplaced "
+                     "half-precision model): "
                      + "; ".join(gaps))
