@@ -56,13 +56,18 @@ GOALS = {("float64", "tensor"): 1e-8, ("float64", "slice"): 1e-8, ("float64", "e
 # 205 u in float16 and, in bfloat16 (3 significant digits), a gradient off by a factor of 2.
 COMPOSITIONS = ("model",)
 # Goals the checker misses, measured and named, not hidden (docs/tolerances.md): (layer, dtype,
-# pattern) -> why.  The tests and the docs' table accept a miss of these only.
+# sizes, pattern) -> why.  The tests and the docs' table accept a miss of these only.
 KNOWN_GAPS = {
-    ("model", "float32", "tensor"): "a composition's gradients carry every layer's rounding "
-                                    "(about 6.6e-6 for a whole tensor at the registry's sizes)",
-    ("model", "float32", "slice"): "the same, for one slice (about 3.6e-5)",
-    ("qknorm-mhca", "float32", "slice"): "the QK-norm gains' slices have H = 2 elements, each a "
-                                         "sum over every token: an element's spread (2.4e-5)",
+    ("model", "float32", "registry", "tensor"): "a composition's gradients carry every layer's "
+                                                "rounding (6.6e-6 for a whole tensor)",
+    ("model", "float32", "registry", "slice"): "the same, for one slice (3.6e-5)",
+    ("qknorm-mhca", "float32", "registry", "slice"): "the QK-norm gains' slices have H = 2 "
+                                                     "elements, each a sum over every token: an "
+                                                     "element's spread (2.4e-5)",
+    ("linear", "float32", "large", "tensor"): "db sums dout over B T = 2048 tokens, which the "
+                                              "rounding model charges sqrt(1 + log2 k) sum|terms|"
+                                              ", about sqrt(k) times a real sum's error for "
+                                              "terms of random sign (1.3e-5)",
 }
 COMPOSED_GOALS = {("float16", "tensor"): 1e-1, ("bfloat16", "tensor"): 1.0}
 
@@ -151,7 +156,7 @@ class Sensitivity:
 
     @property
     def known_gap(self) -> bool:
-        return (self.layer, self.dtype, self.pattern) in KNOWN_GAPS
+        return (self.layer, self.dtype, self.sizes, self.pattern) in KNOWN_GAPS
 
     @property
     def met(self) -> bool | None:

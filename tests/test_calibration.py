@@ -61,8 +61,7 @@ def test_docs_sensitivity_tables_are_the_commands_output_and_meet_every_goal(doc
         assert all(n.endswith("(known)") for n in names), missed
     for line in text.splitlines():
         if "| NO  |" in line:
-            layer, dtype, _, pattern = (c.strip() for c in line.split("|")[:4])
-            assert (layer, dtype, pattern) in KNOWN_GAPS, line
+            assert tuple(c.strip() for c in line.split("|")[:4]) in KNOWN_GAPS, line
 
 
 @pytest.mark.slow  # one compile per edge shape

@@ -19,7 +19,8 @@ DTYPES = [np.float64, np.float32, np.float16, np.dtype("bfloat16")]
 # caught only at 0.27 in float16 (goal 0.1, enc0.ff.W1) and not at all in bfloat16 (goal 1,
 # enc0.attn.WQ).  The verdicts stay right; the sensitivity goal is missed.  The test still runs
 # every other assertion and is reported as xfailed while the gap lasts (docs/half-precision.md).
-KNOWN_GAPS = {("model", "float16", "tensor"), ("model", "bfloat16", "tensor")} | set(GAPS)
+KNOWN_GAPS = {("model", "float16", "tensor"), ("model", "bfloat16", "tensor")} | {
+    (layer, dtype, pattern) for layer, dtype, sizes, pattern in GAPS if sizes == "registry"}
 
 # the whole model compiles its oracle and rounding model in seconds: the slow tier (make test-all)
 ROW_PARAMS = [pytest.param(row, id=row.name,
