@@ -64,6 +64,10 @@ KNOWN_GAPS = {
     ("qknorm-mhca", "float32", "registry", "slice"): "the QK-norm gains' slices have H = 2 "
                                                      "elements, each a sum over every token: an "
                                                      "element's spread (2.4e-5)",
+    # the whole model at the registry's tiny widths in half precision: pre-activations within
+    # rounding of leaky ReLU's kink widen those elements' tolerances by a branch flip's move
+    ("model", "float16", "registry", "tensor"): "kinks within half-precision rounding (0.43)",
+    ("model", "bfloat16", "registry", "tensor"): "the same (not caught at 1)",
     ("linear", "float32", "large", "tensor"): "db sums dout over B T = 2048 tokens, which the "
                                               "rounding model charges sqrt(1 + log2 k) sum|terms|"
                                               ", about sqrt(k) times a real sum's error for "
