@@ -18,8 +18,11 @@ spread is (``Spread.at``).  A set passes when
 
     |b_S| <= band_S = BIAS_LAMBDA sigma_S + BIAS_ULPS u_c + round_S + kink_S,
 
-* sigma_S: the model's rms of b_S (the samples' projections over sum_S g^2), BIAS_LAMBDA = 5
-  of them.  The model draws every rounding with rms u (xi ~ N(0, 1) times the bound), where
+* sigma_S: the model's rms of b_S (the samples' projections over sum_S g^2), or, where larger,
+  the rms the same element spreads s_i give errors independent between elements,
+  sqrt(sum_S s_i^2 g_i^2) / sum_S g_i^2 (a kernel that orders its operations otherwise than the
+  oracle's program need not share the model's correlations: a peaked softmax's gradient
+  cancels along g in the program, not in every kernel); BIAS_LAMBDA = 5 of them.  The model draws every rounding with rms u (xi ~ N(0, 1) times the bound), where
   rounding to nearest errs by at most u, uniformly within half a unit in the last place, so
   with rms at most u / sqrt(3): 5 model spreads are at least 8.7 spreads of a correct kernel's
   real bias, and with the spread estimated from 16 samples per part, P(|t_16| > 8.7) = 2e-7
@@ -112,14 +115,20 @@ class Bands(NamedTuple):
     band: np.ndarray    # (sets,) band_S
 
 
-def bands(projection_rms, g, moved, *, floor_u, final_u, policy) -> Bands:
+def bands(projection_rms, element_rms, g, moved, *, floor_u, final_u, policy) -> Bands:
     """Bands of a tensor (module docstring): projection_rms the model's rms of sum_S d_i g_i at
-    the check's roundoffs (``Spread.bias.at``), g autodiff's gradient, moved the kink bound (an
-    array like g, or 0), floor_u the roundoff of the constants, final_u the format returned."""
+    the check's roundoffs (``Spread.bias.at``), element_rms its rms per element (``Spread.at``),
+    g autodiff's gradient, moved the kink bound (an array like g, or 0), floor_u the roundoff
+    of the constants, final_u the format returned."""
     g = np.asarray(g, np.float64)
     g2 = slice_sums(g * g)
+    # the model's deviations are correlated as the oracle's program makes them; a correct
+    # kernel that orders its operations otherwise errs independently element by element, with
+    # the same rms: its projection's rms is sqrt(sum_S s_i^2 g_i^2) (a gradient that cancels
+    # along g in the oracle's program, as a peaked softmax's, need not cancel in the kernel's)
+    independent = np.sqrt(slice_sums((np.asarray(element_rms, np.float64) * g) ** 2))
     with np.errstate(divide="ignore", invalid="ignore"):
-        sigma = np.asarray(projection_rms, np.float64) / g2
+        sigma = np.maximum(np.asarray(projection_rms, np.float64), independent) / g2
         rounding = np.sqrt(slice_sums(g ** 4)) / math.sqrt(3) / g2            # x final_u
         kink = slice_sums(np.abs(np.broadcast_to(moved, g.shape)) * np.abs(g)) / g2
         band = (policy.BIAS_LAMBDA * sigma + policy.BIAS_ULPS * floor_u

@@ -302,10 +302,11 @@ class LayerCheck:
         if spread is None or spread.bias is None:
             return None
         fmt = max(self.u, self.u_forward[0])
-        s = spread.bias.at(self.u_forward, self.u_backward, self.u_inputs, format=fmt)
+        roundoffs = (self.u_forward, self.u_backward, self.u_inputs)
         floor_u = max(self.u_forward + self.u_backward + (self.u_inputs,))
-        return aggregate.bands(s, g_auto, self._moved(key), floor_u=floor_u, final_u=self.u,
-                               policy=self.policy)
+        return aggregate.bands(spread.bias.at(*roundoffs, format=fmt),
+                               spread.at(*roundoffs, format=fmt), g_auto, self._moved(key),
+                               floor_u=floor_u, final_u=self.u, policy=self.policy)
 
     def legs(self):
         self.fd = FiniteDifferences(self.forward_fn, self.inputs64, self.params64, self.static,
