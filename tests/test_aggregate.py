@@ -87,6 +87,7 @@ def linear32():  # one compilation of the linear oracle's rounding model at thes
     return _linear_check()
 
 
+@pytest.mark.slow  # compiles the linear oracle's rounding model
 def test_the_models_bias_draws_obey_cauchy_schwarz_against_its_element_spreads(linear32):
     """Per part and sample, (sum_S d_i g_i)^2 <= sum_S d_i^2 sum_S g_i^2, so the rms of the
     projections is bounded by the elements' rms and |g| on every set; and not identically 0."""
@@ -103,6 +104,7 @@ def test_the_models_bias_draws_obey_cauchy_schwarz_against_its_element_spreads(l
         assert spread.bias.backward_sums[0] > 0 or spread.bias.backward[0] > 0
 
 
+@pytest.mark.slow  # compiles the linear oracle's rounding model
 def test_a_correct_kernel_is_inside_every_band_and_a_uniform_1e_5_error_is_outside(linear32):
     """A float32 dW off by 1 + 2e-6 everywhere (34 u) passes the element-wise rule (its spread
     is several u per element) and fails the aggregate one, blamed on the hand with the reason."""
