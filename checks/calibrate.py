@@ -111,6 +111,7 @@ class Margin:
     hand_autodiff: float = 0.0    # hand vs autodiff / tol
     hand_fd: float = 0.0          # hand vs FD / max(tol, tol_fd)
     autodiff_fd: float = 0.0      # autodiff vs FD / tol_fd
+    bias: float = 0.0             # the aggregate test: worst |bias| / band (checks.aggregate)
     first_alarm: str = ""
 
     def add(self, report, where):
@@ -118,6 +119,8 @@ class Margin:
         self.forward = max(self.forward, _finite(report.forward_score))
         for t in report.tensors:
             self.hand_autodiff = max(self.hand_autodiff, _finite(t.score))
+            if not np.isnan(t.bias_score):
+                self.bias = max(self.bias, _finite(t.bias_score))
             if t.verdict is not None and t.verdict.kind is Kind.FD_SET_ASIDE:
                 self.fd_kinks += 1
                 continue
@@ -138,11 +141,12 @@ class Margin:
             hand_autodiff=max(self.hand_autodiff, other.hand_autodiff),
             hand_fd=max(self.hand_fd, other.hand_fd),
             autodiff_fd=max(self.autodiff_fd, other.autodiff_fd),
+            bias=max(self.bias, other.bias),
             first_alarm=self.first_alarm or other.first_alarm)
 
     @property
     def worst(self):
-        return max(self.forward, self.hand_autodiff, self.hand_fd, self.autodiff_fd)
+        return max(self.forward, self.hand_autodiff, self.hand_fd, self.autodiff_fd, self.bias)
 
 
 def _finite(x):
@@ -294,11 +298,11 @@ def format_margins(margins) -> str:
     cases = len({m.case for m in margins}) > 1
     head = (("case",) if cases else ()) + (
         "layer", "dtype", "checks", "false alarms", "FD kinks", "forward", "hand-autodiff",
-        "hand-FD", "autodiff-FD", "worst")
+        "hand-FD", "autodiff-FD", "bias", "worst")
     rows = [((m.case,) if cases else ()) + (
         m.layer, m.dtype, str(m.checks), str(m.false_alarms), str(m.fd_kinks),
         f"{m.forward:.3f}", f"{m.hand_autodiff:.3f}", f"{m.hand_fd:.3g}",
-        f"{m.autodiff_fd:.3g}", f"{m.worst:.3f}") for m in margins]
+        f"{m.autodiff_fd:.3g}", f"{m.bias:.3f}", f"{m.worst:.3f}") for m in margins]
     return _table(head, rows)
 
 

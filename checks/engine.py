@@ -27,7 +27,7 @@ from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 
-from checks import contract, tolerances
+from checks import aggregate, contract, tolerances
 from checks.diagnosis import Context, constants_from, diagnose, locate
 from checks.evidence import blame, examine, pick
 from checks.legs import FiniteDifferences, Measured, Oracle, normwise
@@ -295,6 +295,19 @@ class LayerCheck:
                       format=max(self.u, u_forward[0]))
         return self.policy.elementwise(s, reference, self.dtype)
 
+    def _bands(self, key, g_auto):
+        """The aggregate test's bands of one tensor (``checks.aggregate``) at the roundoffs
+        ``_tol`` uses; None without a rounding model."""
+        spread = self._spread_of(key)
+        if spread is None or spread.bias is None:
+            return None
+        fmt = max(self.u, self.u_forward[0])
+        roundoffs = (self.u_forward, self.u_backward, self.u_inputs)
+        floor_u = max(self.u_forward + self.u_backward + (self.u_inputs,))
+        return aggregate.bands(spread.bias.at(*roundoffs, format=fmt),
+                               spread.at(*roundoffs, format=fmt), g_auto, self._moved(key),
+                               floor_u=floor_u, final_u=self.u, policy=self.policy)
+
     def legs(self):
         self.fd = FiniteDifferences(self.forward_fn, self.inputs64, self.params64, self.static,
                                     self.dout64, scheme=self.fd_scheme, oracle=self.ref,
@@ -312,6 +325,7 @@ class LayerCheck:
             hand = self.dinputs[key] if isinstance(key, int) else self.dparams.get(key)
             judge = Judge(tname, key, x, g_auto, self._tol(spread, g_auto) + self._moved(key),
                           self.dtype, self.fd, self.rng, self.policy, self._caveats)
+            judge.bands = self._bands(key, g_auto)
             self.judges[tname] = judge
             self.results.append(judge.judge(hand))
         self._gradient_dtypes()
@@ -376,7 +390,7 @@ class LayerCheck:
                                                                 ("low", low.name))))
         self.u_inputs = u_in
         for i, (j, t) in enumerate(zip(judges, tols)):
-            j.tol = t
+            j.tol, j.bands = t, self._bands(j.key, j.g_auto)
             self.results[i] = j.judge(self.dinputs[j.key] if isinstance(j.key, int)
                                       else self.dparams.get(j.key))
 
@@ -576,6 +590,7 @@ class Judge:
         self.rng = rng
         self.last_hand = None
         self._kinked = None
+        self.bands: aggregate.Bands | None = None  # the aggregate test's, set by the check
 
     def _measure(self):
         if self.measured is None:
@@ -583,8 +598,10 @@ class Judge:
             self.fd_tols = _fd_tolerances(self.g_auto, self.measured)
         return self.measured
 
-    def judge(self, hand) -> TensorResult:
-        """The verdict on a hand gradient of this tensor (None: the backward returned none)."""
+    def judge(self, hand, evidence=True) -> TensorResult:
+        """The verdict on a hand gradient of this tensor (None: the backward returned none).
+        evidence=False: where hand and autodiff disagree, no evidence is examined (the verdict is
+        unresolved, failing all the same): for callers that ask only whether it passes."""
         g = self.g_auto
         result = TensorResult(self.name, tuple(np.shape(self.x)))
         scale = float(np.max(np.abs(g))) if g.size else 0.0
@@ -633,6 +650,10 @@ class Judge:
             result.verdict = Verdict(Kind.NON_FINITE, "in the finite differences")
             return result
         hand_auto_ok = result.score <= 1
+        outside = None  # the aggregate test: a set whose bias is outside its band
+        if self.bands is not None:
+            result.bias_score, outside = aggregate.worst(h - g, g, self.bands)
+            hand_auto_ok = hand_auto_ok and outside is None
         kink = ""
         if not auto_fd_ok:
             if self._kinked is None:
@@ -641,6 +662,14 @@ class Judge:
         if hand_auto_ok or self.fd.on_oracle or self.fd.skipped:
             result.verdict = _verdict(hand_auto_ok, hand_fd_ok, auto_fd_ok, kink,
                                       self.fd.on_oracle or self.fd.skipped)
+            if outside is not None:
+                result.verdict = aggregate.with_reason(result.verdict, outside, self.name)
+        elif not evidence:
+            result.verdict = Verdict(Kind.UNRESOLVED, "not examined (only whether it passes "
+                                                      "was asked)")
+        elif result.score <= 1:  # only a bias: blame from FD along its set (checks.aggregate)
+            result.verdict = aggregate.verdict(self.fd, self.key, self.x, h, g, outside,
+                                               self.name, self.caveats(), auto_fd_ok, kink)
         else:  # blame from the evidence at the disagreeing elements (checks.evidence)
             rng = np.random.default_rng([int(ratio.argmax()), int(ratio.size)])
             elements = examine(self.fd, self.key, self.x, h, g, self.tol,

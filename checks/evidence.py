@@ -66,8 +66,9 @@ class Element(NamedTuple):
     def disagrees(self) -> bool:
         return abs(self.hand - self.autodiff) > self.tol
 
-    def __str__(self) -> str:
-        return (f"at {self.index}: hand {self.hand:.6g}, autodiff {self.autodiff:.6g}, "
+    def __str__(self) -> str:  # an index, or a direction's description ("along ...")
+        where = self.index if isinstance(self.index, str) else f"at {self.index}"
+        return (f"{where}: hand {self.hand:.6g}, autodiff {self.autodiff:.6g}, "
                 f"FD {self.fd:.6g} +- {self.fd_tol:.2g}")
 
 
@@ -87,37 +88,44 @@ def pick(ratio, rng, worst=WORST, random=RANDOM):
 def examine(fd, key, x, h, g, tol, scale, indices):
     """[Element] for the flat indices: each a central difference along e_i, eps_i from FD's
     tolerance at the tensor's gradient scale (max |g|: the truncation term's size)."""
-    size = float(np.sqrt(np.mean(x * x))) if x.size else 1.0
     scale = scale if scale > 0 else 1.0
     elements = []
     for i in indices:
         e = np.zeros(x.size)
         e[i] = 1.0
         e = e.reshape(x.shape)
-        d, tol_of = fd.derivative(key, x, e, size)
-        eps = float(tol_of(scale)) * scale
-        hi, gi, ti = float(h.flat[i]), float(g.flat[i]), float(tol.flat[i])
-        side = ""
-        if abs(gi - d) <= eps and abs(hi - d) > DECISIVE * (eps + ti):
-            side = "autodiff"
-        elif abs(hi - d) <= eps + ti and abs(gi - d) > DECISIVE * eps:
-            side = "hand"
-        # only FD's disagreement with autodiff needs FD to be smooth: see the module docstring
-        kinked = side == "hand" and fd.scheme != "complex" and fd._kinked(key, x, e, size, eps)
-        elements.append(Element(tuple(int(j) for j in np.unravel_index(i, x.shape)), hi, gi,
-                                float(d), eps, ti, "" if kinked else side, kinked))
+        elements.append(along(fd, key, x, e, scale, float(h.flat[i]), float(g.flat[i]),
+                              float(tol.flat[i]),
+                              tuple(int(j) for j in np.unravel_index(i, x.shape))))
     return elements
 
 
-def blame(elements, caveats, autodiff_fd_ok, kink) -> Verdict:
+def along(fd, key, x, v, scale, hand, autodiff, tol, index) -> Element:
+    """The three legs along one direction v: the hand's and autodiff's derivatives along it
+    (hand, autodiff), FD's with its tolerance eps at ``scale``, and tol the hand's own
+    allowance along v; whom FD sides with, decisively (module docstring)."""
+    size = float(np.sqrt(np.mean(x * x))) if x.size else 1.0
+    d, tol_of = fd.derivative(key, x, v, size)
+    eps = float(tol_of(scale)) * scale
+    side = ""
+    if abs(autodiff - d) <= eps and abs(hand - d) > DECISIVE * (eps + tol):
+        side = "autodiff"
+    elif abs(hand - d) <= eps + tol and abs(autodiff - d) > DECISIVE * eps:
+        side = "hand"
+    # only FD's disagreement with autodiff needs FD to be smooth: see the module docstring
+    kinked = side == "hand" and fd.scheme != "complex" and fd._kinked(key, x, v, size, eps)
+    return Element(index, hand, autodiff, float(d), eps, tol, "" if kinked else side, kinked)
+
+
+def blame(elements, caveats, autodiff_fd_ok, kink, what="elements") -> Verdict:
     """The verdict on a tensor whose hand and autodiff gradients disagree (module docstring).
     caveats: reasons the oracle's autodiff may differ from its forward; autodiff_fd_ok: FD
     agrees with autodiff along every random direction; kink: why FD is unreliable along those
-    directions, or ""."""
+    directions, or ""; what: what the evidence was taken at (elements, or directions)."""
     disagreeing = [e for e in elements if e.disagrees]
     on_autodiff = [e for e in disagreeing if e.side == "autodiff"]
     on_hand = [e for e in disagreeing if e.side == "hand"]
-    of = f"of {len(disagreeing)} disagreeing elements examined"
+    of = f"of {len(disagreeing)} disagreeing {what} examined"
     if on_autodiff:
         return Verdict(Kind.HAND_WRONG, f"FD sides with autodiff at {len(on_autodiff)} {of}, "
                                         f"{on_autodiff[0]}")
@@ -138,8 +146,8 @@ def blame(elements, caveats, autodiff_fd_ok, kink) -> Verdict:
     if autodiff_fd_ok:
         # FD confirms autodiff tensor-wide; the difference is below FD's resolution at every
         # element: the hand differs from a confirmed oracle by more than rounding explains
-        return Verdict(Kind.HAND_WRONG, "below FD's resolution at the disagreeing elements; "
-                                        "FD confirms autodiff along random directions")
+        return Verdict(Kind.HAND_WRONG, f"below FD's resolution at the disagreeing {what}; "
+                                        f"FD confirms autodiff along random directions")
     return Verdict(Kind.ALL_DISAGREE)
 
 

@@ -27,6 +27,8 @@ class TensorResult:
     max_abs: float = math.nan             # max |g_hand - g_autodiff|
     tol: float = math.nan                 # the largest element tolerance, relative to max |auto|
     tol_fd: float = math.nan              # tolerance of the finite-difference leg
+    bias_score: float = math.nan          # worst |bias| / band of the aggregate test (at most
+    #                                       1 passes; checks.aggregate), nan when not run
     verdict: Verdict | None = None
     ok: bool = False
     worst: tuple | None = None            # index of the largest difference from the trusted leg

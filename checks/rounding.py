@@ -30,7 +30,9 @@ roundoff of the format it accumulates in; a sum's accumulation rounds with the s
 the roundoff of its results: plain NumPy on half-precision arrays accumulates a product in
 float32 but a sum in the format itself (``kernels.precision.PLAIN``, ``Policy.plain``).
 The root-mean-square deviation of the perturbed results from the exact one, element by element, is
-the rounding error that a correct implementation of the same maths shows at that element.
+the rounding error that a correct implementation of the same maths shows at that element; the
+same deviations projected on the exact result over the whole tensor and each slice
+(``Spread.bias``) are the null distribution of the aggregate test (``checks.aggregate``).
 
 A composition of layers (the whole model) marks each layer as a call named ``layer:NAME``
 (``reference.layers.BOUNDARY``).  There the model follows what a half-precision composition does
@@ -76,6 +78,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.extend import core as jcore
 
+from checks.aggregate import slice_count, slice_sums
 from reference.layers import BOUNDARY
 
 U_SIM = 2.0 ** -30   # the simulation's roundoff; spreads are scaled by u / U_SIM
@@ -124,6 +127,10 @@ class Spread(NamedTuple):
     backward_sums: np.ndarray
     inputs: np.ndarray
     format: np.ndarray
+    # the same six parts for the deviations projected on the exact result, per set of
+    # ``checks.aggregate.slice_sums`` (the whole tensor, then every slice): the rms of
+    # sum_S d_i e_i, the null distribution of the aggregate test's bias (None: not computed)
+    bias: "Spread | None" = None
 
     def at(self, forward, backward=None, inputs=0.0, format=None):
         """The rounding-error scale of every element, each part at its own roundoff.
@@ -250,8 +257,9 @@ class RoundingModel:
             scale = lambda k: jnp.where(parts[k] == part, U_SIM, 0.0)
         perturbed = self._perturbed(flat, amplitudes, samples, scale, [part])
         # a non-finite result the perturbations leave unchanged (a -inf mask) deviates by 0
-        return [jnp.sum(jnp.where(p == e, 0.0, p - e) ** 2, axis=0)     # summed over N
-                for p, e in zip(perturbed, exact)]
+        deviations = [jnp.where(p == e, 0.0, p - e) for p, e in zip(perturbed, exact)]
+        return ([jnp.sum(d ** 2, axis=0) for d in deviations],         # summed over N
+                _projected(deviations, exact))
 
     def _flips(self, flat, amplitudes, exact_margins, samples, scales):
         """Per comparison of the program, the squared deviations of its margin summed over the
@@ -388,22 +396,33 @@ class RoundingModel:
             samples = draw(n)  # once for every part and the flip runs
             for part in used:
                 run = self._run_part if self.per_part else self._run
-                sq = [np.asarray(a, np.float64) for a in run(flat, *exact[:2], samples, part)]
+                sq, pj = run(flat, *exact[:2], samples, part)
+                sq = [np.asarray(a, np.float64) for a in list(sq) + list(pj)]  # then projections
                 sums[part] = sq if part not in sums else [a + b for a, b in zip(sums[part], sq)]
             if kink_us is not None and self.has_branches:
                 try:
                     margins = self._add_margins(margins, flat, exact, samples, kink_us)
                 except Exception:  # a program the flip runs cannot follow: ``kinks`` says why
                     kink_us = margins = None
-        zeros = [np.zeros(shape) for shape in
-                 (s.shape for s in jax.tree_util.tree_leaves(self.shapes))]
+        shapes = [s.shape for s in jax.tree_util.tree_leaves(self.shapes)]
+        zeros = [np.zeros(shape) for shape in shapes] + [np.zeros(slice_count(shape))
+                                                          for shape in shapes]
         per_part = [[np.sqrt(a / self.samples) for a in sums[part]] if part in sums else zeros
                     for part in range(len(PARTS))]
-        spreads = [Spread(*(np.asarray(rms, np.float64) for rms in leaf))
-                   for leaf in zip(*per_part)]
+        leaves = list(zip(*per_part))  # per output: its six parts; then per output, its bias's
+        spreads = [Spread(*(np.asarray(rms, np.float64) for rms in leaf),
+                          bias=Spread(*(np.asarray(rms, np.float64) for rms in bias)))
+                   for leaf, bias in zip(leaves[:len(shapes)], leaves[len(shapes):])]
         flips = None if margins is None else self._flipping(exact, margins)
         return (jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(self.shapes), spreads),
                 flips)
+
+
+def _projected(deviations, exact):
+    """Per output, the samples' deviations projected on the exact result over every set of
+    ``checks.aggregate.slice_sums``, squared and summed over the samples: (sets,) each."""
+    return [jnp.sum(slice_sums(d * _finite(e), lead=1, xp=jnp) ** 2, axis=0)
+            for d, e in zip(deviations, exact)]
 
 
 def _key(seed, stream):

@@ -22,8 +22,9 @@ error of the same shape exceeds the same element-wise tolerance further), to 1/3
 
     python -m checks sensitivity [--layer NAME ...] [--dtype float32|float16|bfloat16] [--large]
 
-Goals (``GOALS``): float64 catches 1e-8 for every pattern; float32 catches 1e-4 for whole
-tensors and single slices, at the registry's sizes and at the bench's large size; float16 1e-2
+Goals (``GOALS``): float64 catches 1e-8 for every pattern; float32 catches 3e-6 for whole
+tensors and 2e-5 for single slices (the aggregate test's), at the registry's sizes and at the
+bench's large size; float16 1e-2
 and bfloat16 5e-2 for whole tensors and single slices of a layer; the whole model in half
 precision 1e-1 (float16) and 1 (bfloat16) for a whole tensor (``COMPOSED_GOALS``).  For scale,
 torch.autograd.gradcheck's defaults (rtol 1e-3, atol 1e-5) catch about 1e-3.
@@ -42,7 +43,9 @@ LOG_RANGE = (-17.0, 0.0)   # eps searched in [1e-17, 1]
 STEPS = 9                  # bisection steps: 17 decades / 2^9 ~ 1/30 decade
 FLOOR = 0.1                # slices and elements below FLOOR x the median magnitude: cancelled
 GOALS = {("float64", "tensor"): 1e-8, ("float64", "slice"): 1e-8, ("float64", "element"): 1e-8,
-         ("float32", "tensor"): 1e-4, ("float32", "slice"): 1e-4,
+         # the aggregate test (checks.aggregate) judges a whole tensor's and each slice's bias
+         # against its own Monte Carlo band: 50 u and 335 u of float32
+         ("float32", "tensor"): 3e-6, ("float32", "slice"): 2e-5,
          # a half-precision layer rounds what it returns once (kernels.precision), which the
          # tolerance allows at ULPS = 4 units: about 20 and 13 units of roundoff u
          ("float16", "tensor"): 1e-2, ("float16", "slice"): 1e-2,
@@ -52,6 +55,24 @@ GOALS = {("float64", "tensor"): 1e-8, ("float64", "slice"): 1e-8, ("float64", "e
 # too (its errors reach about half the spread), so only a whole wrong tensor has a goal there:
 # 205 u in float16 and, in bfloat16 (3 significant digits), a gradient off by a factor of 2.
 COMPOSITIONS = ("model",)
+# Goals the checker misses, measured and named, not hidden (docs/tolerances.md): (layer, dtype,
+# sizes, pattern) -> why.  The tests and the docs' table accept a miss of these only.
+KNOWN_GAPS = {
+    ("model", "float32", "registry", "tensor"): "a composition's gradients carry every layer's "
+                                                "rounding (6.6e-6 for a whole tensor)",
+    ("model", "float32", "registry", "slice"): "the same, for one slice (3.6e-5)",
+    ("qknorm-mhca", "float32", "registry", "slice"): "the QK-norm gains' slices have H = 2 "
+                                                     "elements, each a sum over every token: an "
+                                                     "element's spread (2.4e-5)",
+    # the whole model at the registry's tiny widths in half precision: pre-activations within
+    # rounding of leaky ReLU's kink widen those elements' tolerances by a branch flip's move
+    ("model", "float16", "registry", "tensor"): "kinks within half-precision rounding (0.43)",
+    ("model", "bfloat16", "registry", "tensor"): "the same (not caught at 1)",
+    ("linear", "float32", "large", "tensor"): "db sums dout over B T = 2048 tokens, which the "
+                                              "rounding model charges sqrt(1 + log2 k) sum|terms|"
+                                              ", about sqrt(k) times a real sum's error for "
+                                              "terms of random sign (1.3e-5)",
+}
 COMPOSED_GOALS = {("float16", "tensor"): 1e-1, ("bfloat16", "tensor"): 1.0}
 
 
@@ -65,7 +86,9 @@ def _injected(g, region, eps, dtype):
 def threshold(judge, g, region, dtype) -> float:
     """The smallest eps (to 1/32 decade) whose injection on region the judge rejects;
     inf when even eps = 1 passes."""
-    caught = lambda log_eps: not judge.judge(_injected(g, region, 10.0 ** log_eps, dtype)).ok
+    # whether it passes only: a disagreement fails whoever is blamed, so no evidence is examined
+    caught = lambda log_eps: not judge.judge(_injected(g, region, 10.0 ** log_eps, dtype),
+                                             evidence=False).ok
     lo, hi = LOG_RANGE
     if not caught(hi):
         return math.inf
@@ -134,6 +157,10 @@ class Sensitivity:
         if self.layer in COMPOSITIONS and self.dtype in ("float16", "bfloat16"):
             return COMPOSED_GOALS.get((self.dtype, self.pattern))
         return GOALS.get((self.dtype, self.pattern))
+
+    @property
+    def known_gap(self) -> bool:
+        return (self.layer, self.dtype, self.sizes, self.pattern) in KNOWN_GAPS
 
     @property
     def met(self) -> bool | None:
@@ -221,5 +248,5 @@ def summary(results) -> str:
     text = f"{len(goals) - len(missed)} of {len(goals)} goals met"
     if missed:
         text += "; missed: " + ", ".join(f"{s.layer} {s.dtype} {s.sizes} {s.pattern}"
-                                         for s in missed)
+                                         + (" (known)" if s.known_gap else "") for s in missed)
     return text

@@ -54,6 +54,22 @@ Notation: u is the unit roundoff of a format (2^-53 float64, 2^-24 float32, 2^-1
    plus the hand leg's own rounding).  Richardson extrapolation (4 D(h) - D(2h)) / 3 and the
    complex step as options: see ``richardson_tol`` and ``complex_step_tol``.
 
+4. The aggregate test (``checks.aggregate``): beside the element-wise rule, the bias of the
+   hand error along autodiff's gradient, b_S = sum_S (h_i - g_i) g_i / sum_S g_i^2, over the
+   whole tensor and over every slice S (one index of one axis: a row, a head, a token), judged
+   against the same rounding model's samples projected the same way:
+
+        |b_S| <= BIAS_LAMBDA sigma_S + BIAS_ULPS u_c + round_S + kink_S,
+
+   BIAS_LAMBDA = 5 (the model's rounding noise has rms u where rounding to nearest has at most
+   u / sqrt(3): 5 model spreads are 8.7 real ones, P(|t_16| > 8.7) = 2e-7 per set with 16
+   samples per part), BIAS_ULPS = 2 (up to two rounded constants along a path scale a tensor
+   by up to u each of the format they are held in, and the model perturbs no constant the
+   oracle folds), round_S the final rounding of what the kernel returns (the ULPS term's share,
+   at most u), kink_S the kinks' bound.  A uniform error is averaged over
+   the whole tensor, so the test sees 10-100x smaller uniform or one-slice errors than the
+   element-wise rule, whose spread per element is several u.
+
 A registry row may override any field (``Row.tolerance``), as JAX's test specs carry a per-dtype
 tolerance; ``python -m checks calibrate`` measures the margins (docs/tolerances.md).
 """
@@ -83,6 +99,8 @@ class Policy:
     FD_SAFETY: float = 1e4          # FD truncation constant (third derivatives of order ten)
     COMPLEX_STEP_ULPS: float = 1e3  # complex step: rounding only
     FD_ELEMENTWISE_MAX: int = 256   # tensors up to this size also get element-wise FD
+    BIAS_LAMBDA: float = 5.0        # the aggregate test: rms of the bias's model draws allowed
+    BIAS_ULPS: float = 2.0          # ... plus this many u of the constants' format (the floor)
     LOW_PRECISION: str = "float32"  # the lower precision a float64 forward is recognised in
     # per half-precision format, the formats of a kernel's (results and sums, products'
     # accumulation) inside: the lab's kernels compute in float32 and round once what they

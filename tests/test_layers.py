@@ -2,12 +2,13 @@
 against autodiff and finite differences, all with a random upstream gradient; then the same
 check's sensitivity: relative errors injected into the correct gradients must be caught at the
 goals of ``checks.sensitivity`` (float64 1e-8 for a whole tensor, a slice or an element;
-float32 1e-4 for a whole tensor or a slice; float16 1e-2 and bfloat16 5e-2 per layer)."""
+float32 3e-6 for a whole tensor and 2e-5 for a slice; float16 1e-2 and bfloat16 5e-2 per
+layer)."""
 import numpy as np
 import pytest
 
 from checks.registry import ROWS, layer_check
-from checks.sensitivity import measure
+from checks.sensitivity import KNOWN_GAPS as GAPS, measure
 
 DTYPES = [np.float64, np.float32, np.float16, np.dtype("bfloat16")]
 
@@ -19,7 +20,10 @@ DTYPES = [np.float64, np.float32, np.float16, np.dtype("bfloat16")]
 # caught only at 0.27 in float16 (goal 0.1, enc0.ff.W1) and not at all in bfloat16 (goal 1,
 # enc0.attn.WQ).  The verdicts stay right; the sensitivity goal is missed.  The test still runs
 # every other assertion and is reported as xfailed while the gap lasts (docs/half-precision.md).
-KNOWN_GAPS = {("model", "float16", "tensor"), ("model", "bfloat16", "tensor")}
+# The gaps, with the float32 ones of the aggregate test's goals, are named in one place:
+# checks.sensitivity.KNOWN_GAPS.
+KNOWN_GAPS = {(layer, dtype, pattern) for layer, dtype, sizes, pattern in GAPS
+              if sizes == "registry"}
 
 # the whole model compiles its oracle and rounding model in seconds: the slow tier (make test-all)
 ROW_PARAMS = [pytest.param(row, id=row.name,
@@ -50,5 +54,6 @@ def test_layer_gradients(row, dtype, xp):
             continue
         assert s.met is not False, f"{s.pattern}: {s.eps:.1e} caught at {s.where}, goal {s.goal}"
     if gaps:
-        pytest.xfail("known sensitivity gap of the unplaced half-precision model: "
+        pytest.xfail("known sensitivity gap (checks.sensitivity.KNOWN_GAPS, or the unplaced "
+                     "half-precision model): "
                      + "; ".join(gaps))

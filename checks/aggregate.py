@@ -1,0 +1,194 @@
+"""The aggregate test: the bias of the hand error along autodiff's gradient, tensor and slices.
+
+The element-wise rule (``checks.tolerances``) judges each element against its own rounding
+spread, LAMBDA = 16 spreads wide: an error of a few spreads in every element passes, however
+many elements share it.  A wrong constant, a row scaled by 1.05, a missing term along one head
+are errors of one sign and size across many elements; their mean is what rounding cannot make.
+For a gradient g (autodiff's) and the hand error e = h - g, the statistic of a set of elements
+S (the whole tensor, or one slice: one index of one axis, a row, a head, a token) is
+
+    b_S = sum_S e_i g_i / sum_S g_i^2,
+
+the relative scale of the hand along g on S (a slice scaled by 1 + eps has b_S = eps exactly).
+Its null distribution comes from the rounding model's own perturbed runs
+(``checks.rounding``): each sample's deviation from the exact run, projected the same way,
+is a draw of b_S for a correct implementation, and the root-mean-square of those draws per
+part of the program (``Spread.bias``) is scaled to the check's roundoffs as the element-wise
+spread is (``Spread.at``).  A set passes when
+
+    |b_S| <= band_S = BIAS_LAMBDA sigma_S + BIAS_ULPS u_c + round_S + kink_S,
+
+* sigma_S: the model's rms of b_S (the samples' projections over sum_S g^2), or, where larger,
+  the rms the same element spreads s_i give errors independent between elements,
+  sqrt(sum_S s_i^2 g_i^2) / sum_S g_i^2 (a kernel that orders its operations otherwise than the
+  oracle's program need not share the model's correlations: a peaked softmax's gradient
+  cancels along g in the program, not in every kernel); BIAS_LAMBDA = 5 of them.  The model draws every rounding with rms u (xi ~ N(0, 1) times the bound), where
+  rounding to nearest errs by at most u, uniformly within half a unit in the last place, so
+  with rms at most u / sqrt(3): 5 model spreads are at least 8.7 spreads of a correct kernel's
+  real bias, and with the spread estimated from 16 samples per part, P(|t_16| > 8.7) = 2e-7
+  per set (LAMBDA = 16 of the element-wise rule asks P(|t_16| > 16) = 3e-11 of the model's
+  own spread, the model taken as exact).  The calibration measures the margin: correct
+  kernels' biases stay within about 1.5 model spreads (docs/tolerances.md);
+* BIAS_ULPS u_c, the floor, BIAS_ULPS = 2: a kernel's rounded constants (1/sqrt(P), leaky
+  ReLU's slope, 1/n) scale a whole tensor by up to u each of the format they are held in (u_c,
+  the largest roundoff of the parts of the program at the check's roundoffs: float32's for a
+  half-precision kernel computing in float32, the format's for plain NumPy), up to two of them
+  along a path; the model perturbs no literal the oracle folds into its program;
+* round_S: the final rounding of what the kernel returns, which the element-wise rule allows
+  as its ULPS term and the model does not perturb (a half-precision kernel computing in
+  float32 rounds once to the format): independent per element, at most u |g_i| / sqrt(3) in
+  rms, so sigma_round = sqrt(sum_S g_i^4) u / sqrt(3) / sum_S g_i^2, counted at ULPS = 4 of its
+  rms; and never more than u, the bound of |sum_S r_i g_i| / sum_S g_i^2 when every |r_i| <=
+  u |g_i| (a small slice's);
+* kink_S: elements within rounding of a kink may take either branch (``RoundingModel.kinks``):
+  sum_S |moved_i| |g_i| / sum_S g_i^2 bounds what that does to b_S.
+
+A set whose g is identically zero is not judged (no direction to be biased along).  A tensor
+or slice outside its band fails; the blame follows finite differences along that set's own
+direction v = g restricted to S (``examine``): FD sides with autodiff when it lands within its
+own tolerance of <g, v> and the hand's <h, v> misses it by DECISIVE times FD's tolerance plus
+the hand's band, as ``checks.evidence`` decides at single elements.
+"""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+from checks.evidence import Element, along, blame
+from checks.verdict import Verdict
+
+
+def slice_axes(shape) -> tuple:
+    """The axes whose indices are slices: every axis of a tensor of rank 2 or more (a vector's
+    slice would be one element, which the element-wise rule judges)."""
+    return tuple(range(len(shape))) if len(shape) >= 2 else ()
+
+
+def slice_count(shape) -> int:
+    """How many sets a tensor of this shape has: the whole tensor, then every slice."""
+    return 1 + sum(shape[a] for a in slice_axes(shape))
+
+
+def slice_sums(a, lead=0, xp=np):
+    """Sums of a over the whole tensor and over every slice, concatenated along the last axis:
+    (*lead dims, slice_count(shape)) for a of shape (*lead dims, *shape).  xp: numpy or
+    jax.numpy (``checks.rounding`` projects its samples with it)."""
+    shape = tuple(a.shape[lead:])
+    head = tuple(a.shape[:lead])
+    parts = [xp.reshape(xp.sum(xp.reshape(a, head + (-1,)), axis=-1), head + (1,))]  # whole
+    for axis in slice_axes(shape):
+        others = tuple(lead + j for j in range(len(shape)) if j != axis)
+        parts.append(xp.sum(a, axis=others))                           # (*head, shape[axis])
+    return xp.concatenate(parts, axis=-1)
+
+
+def slice_labels(shape, axes=None) -> list:
+    """A name for every set of ``slice_sums``: "the whole tensor", "index 3 of axis 0" (or of
+    the axis's name when the caller named them: "index 3 of axis 'head'")."""
+    labels = ["the whole tensor"]
+    for axis in slice_axes(shape):
+        name = f"axis '{axes[axis]}'" if axes and axis < len(axes) else f"axis {axis}"
+        labels += [f"index {i} of {name}" for i in range(shape[axis])]
+    return labels
+
+
+def slice_mask(shape, k) -> tuple:
+    """The index (for a[...]) of set k of ``slice_sums``."""
+    if k == 0:
+        return (Ellipsis,)
+    k -= 1
+    for axis in slice_axes(shape):
+        if k < shape[axis]:
+            where = [slice(None)] * len(shape)
+            where[axis] = k
+            return tuple(where)
+        k -= shape[axis]
+    raise IndexError(f"set {k}: a tensor of shape {shape} has {slice_count(shape)} sets")
+
+
+class Bands(NamedTuple):
+    """The aggregate test of one tensor: per set (``slice_sums``' order), sum g^2 and the band
+    of b; sets with sum g^2 = 0 have an infinite band (not judged)."""
+    norms: np.ndarray   # (sets,) sum_S g_i^2
+    band: np.ndarray    # (sets,) band_S
+
+
+def bands(projection_rms, element_rms, g, moved, *, floor_u, final_u, policy) -> Bands:
+    """Bands of a tensor (module docstring): projection_rms the model's rms of sum_S d_i g_i at
+    the check's roundoffs (``Spread.bias.at``), element_rms its rms per element (``Spread.at``),
+    g autodiff's gradient, moved the kink bound (an array like g, or 0), floor_u the roundoff
+    of the constants, final_u the format returned."""
+    g = np.asarray(g, np.float64)
+    g2 = slice_sums(g * g)
+    # the model's deviations are correlated as the oracle's program makes them; a correct
+    # kernel that orders its operations otherwise errs independently element by element, with
+    # the same rms: its projection's rms is sqrt(sum_S s_i^2 g_i^2) (a gradient that cancels
+    # along g in the oracle's program, as a peaked softmax's, need not cancel in the kernel's)
+    independent = np.sqrt(slice_sums((np.asarray(element_rms, np.float64) * g) ** 2))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        sigma = np.maximum(np.asarray(projection_rms, np.float64), independent) / g2
+        rounding = np.sqrt(slice_sums(g ** 4)) / math.sqrt(3) / g2            # x final_u
+        kink = slice_sums(np.abs(np.broadcast_to(moved, g.shape)) * np.abs(g)) / g2
+        band = (policy.BIAS_LAMBDA * sigma + policy.BIAS_ULPS * floor_u
+                + final_u * np.minimum(policy.ULPS * rounding, 1.0) + kink)
+    band = np.where(g2 > 0, band, np.inf)
+    return Bands(g2, band)
+
+
+class Outside(NamedTuple):
+    """The set of a tensor whose bias is furthest outside its band."""
+    k: int            # its position in ``slice_sums``' order
+    label: str        # "the whole tensor", "index 3 of axis 0"
+    bias: float       # b_S
+    band: float       # band_S
+    ratio: float      # |b_S| / band_S (> 1)
+
+    def reason(self, name) -> str:
+        sign = "+" if self.bias >= 0 else "-"
+        return (f"{self.label} of {name} is scaled by 1 {sign} {abs(self.bias):.2g} along "
+                f"autodiff's gradient: bias {self.ratio:.3g}x its band {self.band:.2g}")
+
+
+def worst(e, g, b: Bands, axes=None):
+    """The set whose bias |b_S| / band_S is largest: (ratio, Outside or None when every set is
+    within its band)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        bias = slice_sums(np.asarray(e, np.float64) * g) / b.norms
+        ratio = np.where(np.isfinite(b.band), np.abs(bias) / b.band, 0.0)
+    ratio = np.where(np.isnan(ratio), np.inf, ratio)  # a NaN bias (non-finite hand) fails
+    if ratio.size == 0:
+        return 0.0, None
+    k = int(np.argmax(ratio))
+    top = float(ratio[k])
+    if top <= 1:
+        return top, None
+    return top, Outside(k, slice_labels(np.shape(g), axes)[k], float(bias[k]),
+                        float(b.band[k]), top)
+
+
+def examine(fd, key, x, h, g, out: Outside) -> Element:
+    """The three legs along the failing set's direction v = g on S (unit norm): the hand's
+    <h, v>, autodiff's <g, v> and FD's derivative with its tolerance at the scale |g| |v|,
+    and the hand's allowance band_S sum_S g^2 / |g_S| (``checks.evidence.along``)."""
+    v = np.zeros(np.shape(g))
+    where = slice_mask(np.shape(g), out.k)
+    v[where] = g[where]
+    norm = float(np.linalg.norm(v))
+    v = v / norm
+    return along(fd, key, x, v, float(np.linalg.norm(g)) or 1.0, float(np.sum(h * v)),
+                 float(np.sum(g * v)), out.band * norm, f"along {out.label}")
+
+
+def verdict(fd, key, x, h, g, out: Outside, name, caveats, autodiff_fd_ok, kink) -> Verdict:
+    """Blame for a set outside its band (``checks.evidence.blame`` on the set's own
+    direction), the reason first."""
+    found = blame([examine(fd, key, x, h, g, out)], caveats, autodiff_fd_ok, kink,
+                  what="directions")
+    return with_reason(found, out, name)
+
+
+def with_reason(found: Verdict, out: Outside, name) -> Verdict:
+    detail = out.reason(name) + (f"; {found.detail}" if found.detail else "")
+    return Verdict(found.kind, detail)
