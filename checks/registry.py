@@ -213,8 +213,9 @@ def model_at(**widths) -> Row:
     unknown = sorted(set(widths) - {"D", "H", "F"})
     if unknown:
         raise ValueError(f"widths: expected D, H or F, got {', '.join(unknown)}")
+    own = {k: MODEL_SIZES[k] for k in ("D", "H", "F")}  # the row's, unless given
     return dataclasses.replace(BY_NAME["model"], make=model_case,
-                               fixed={"V": MODEL_SIZES["V"]}, sizes=widths)
+                               fixed={"V": MODEL_SIZES["V"]}, sizes={**own, **widths})
 
 
 def named_sizes(sizes=None, row=None):

@@ -135,7 +135,7 @@ def test_the_large_model_row_is_the_benchs_step_at_its_own_widths():
     """The large row checks the model at the bench's widths, which --sizes rejects for the
     registry's row (it fixes D 6, H 2, F 8): registry.model_at draws that case."""
     import numpy as np
-    from checks.registry import model_at
+    from checks.registry import BY_NAME, model_at
     from experiments import bench, checker_cost
     large = checker_cost.MODEL_SIZES["large"]
     assert {k: large[k] for k in ("B", "T", "D", "H", "F")} == {
@@ -146,6 +146,12 @@ def test_the_large_model_row_is_the_benchs_step_at_its_own_widths():
     assert params["enc0.ff.W1"].shape == (8, 12) and params["out.W"].shape == (8, 4)
     with pytest.raises(ValueError, match="widths: expected D, H or F, got V"):
         model_at(V=5)
+    # without widths it is the registry's row: the same draw
+    rng = lambda: np.random.default_rng(1)
+    own, row_own = model_at().case(rng(), np.float32), BY_NAME["model"].case(rng(), np.float32)
+    assert own[1].keys() == row_own[1].keys()
+    for k in own[1]:
+        np.testing.assert_array_equal(own[1][k], row_own[1][k])
 
 
 FAULTS_CHILD = """
