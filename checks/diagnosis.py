@@ -42,6 +42,7 @@ import numpy as np
 from checks.attribution import fit_path_per_slice, fit_paths, representative
 from checks.legs import normwise
 from checks.localise import position, structure
+from checks.substitution import fit as substitution_fit
 
 NO_PATTERN = "no common bug pattern fits"
 FIT_FACTOR = 8  # a pattern fits when G matches it within FIT_FACTOR x the check's tolerance
@@ -175,7 +176,7 @@ def diagnose(name: str, g: np.ndarray, ref: np.ndarray, ctx: Context, tol: float
     found = ""
     for test in (_zero, _scaled, _transposed, _heads_mixed, _swapped, _masked, _repeated_ids,
                  _one_slice, _skip_dropped, _static_ignored, _paths, _upstream, _factor,
-                 _path_per_slice):
+                 _path_per_slice, _substituted):
         found = test(name, g, ref, ctx, fit)
         if found:
             break
@@ -406,6 +407,20 @@ def _path_per_slice(name, g, ref, ctx, fit):
     return (f"the path through {site.describe()} is off by a factor per {per} (constant along "
             f"{const}): the hand's error is that path's contribution times it, a wrong operand "
             f"or a missing factor inside that path")
+
+
+def _substituted(name, g, ref, ctx, fit):
+    """g - ref = the sum of one to three substitutions' columns (checks.substitution): a step
+    of the backward read another tensor of the program (a value or a gradient) in place of
+    its upstream gradient or of a product's other operand."""
+    columns = getattr(ctx.paths, "substitutions", None) if ctx.paths is not None else None
+    got = columns(name) if columns is not None else None
+    if got is None:
+        return ""
+    found = substitution_fit(g - ref, got[0], got[1], ref, fit)
+    if found is None:
+        return ""
+    return "; ".join(s.describe() for s in found.subs)
 
 
 def _path_phrase(site, a, constants, rel):

@@ -1,0 +1,381 @@
+"""Substitutions: a hand gradient that took one tensor in place of another, named from the
+oracle's own program.
+
+A hand-derived backward is a chain of vector-Jacobian products, each reading tensors: the
+upstream gradient of the step (a cotangent) and the forward values its local derivative needs.
+Reading the wrong one of two tensors of the same shape (``dheads`` for ``v``, ``da`` for
+``dlogits``, ``cache.k`` for ``cache.q``) is the commonest slip of a hand derivation, and its
+error has an exact form.  The oracle is JAX, so its program lists every value y with its
+cotangent dy for the check's dout; for an equation y = f(x_0, x_1, ...) and one operand x_p,
+
+    cotangent substituted   the path through x_p receives X instead of dy:
+                            error = J_p^T (X - dy), J_p the Jacobian of the inputs' path into
+                            x_p (everything upstream of the step stays right)
+    value substituted       the gradient arriving at y (all its uses) is X instead of dy
+    operand substituted     a product's (``mul``, ``dot_general``) gradient into x_p takes X as
+                            the other operand: error = J_p^T (d f(x_p, X) - d f(x_p, x_other))
+
+with X any other value or cotangent of the program with the shape required (the case's other
+tensors of that shape are the candidates).  Each such error is the gradient of one extra scalar
+term added to the loss, <y_p, X - dy> or <f(x_p, X) - f(x_p, x_other), dy> with the constants
+held out of the gradient, so all of them come out of one vmapped gradient.  A hand error H - G
+that equals one such column (or the sum of two or three: two cached tensors swapped) with
+coefficient 1 is named by the two source expressions.  Nothing here knows any layer.
+"""
+from __future__ import annotations
+
+import collections
+import itertools
+import os
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.extend import core as jcore
+
+from checks.attribution import (CALLS, MAX_EQUATIONS, PLUMBING, _case_key, _frame, _is_float,
+                                _ranked,
+                                built_once, greedy, oracle_program, per_name)
+
+PRODUCTS = {"mul", "dot_general"}
+MAX_PERMUTATIONS = 3         # axis orders tried per tensor besides its own
+MAX_CANDIDATES = 24          # per site: the latest values and cotangents of the right shape
+MAX_COLUMN_ELEMENTS = 2e7    # columns x gradient elements
+MAX_TERMS = 3                # substitutions combined at most (two tensors swapped: two)
+
+
+class Record(NamedTuple):
+    """One computing equation of the oracle's program at the check's point."""
+    eqn: object
+    order: int
+    where: str
+    text: str
+    v: np.ndarray          # its result
+    c: np.ndarray          # the result's cotangent for the check's dout
+    ins: list              # its operands
+    flags: list            # which operands carry a gradient
+
+
+class Tensor(NamedTuple):
+    """A value of the oracle's program or its cotangent: a candidate for a substitution."""
+    kind: str       # "value" or "cotangent"
+    primitive: str
+    where: str
+    text: str
+    order: int
+    perm: tuple = ()  # its axes reordered to fit the shape (the oracle's layout is its own)
+
+    def describe(self) -> str:
+        return self._what() + (f" (its axes in the order {self.perm})"
+                               if self.perm and list(self.perm) != sorted(self.perm) else "")
+
+    def _what(self) -> str:
+        at = f" at {self.where}" if self.where else ""
+        src = f"`{self.text}`" if self.text else f"the result of `{self.primitive}`"
+        if self.kind == "dout":
+            return "the upstream gradient dout of the layer"
+        if self.kind == "input":
+            return f"the input {self.text}"
+        if self.kind == "input gradient":
+            return f"the gradient of the input {self.text}"
+        if self.kind == "value":
+            return f"the forward value {src}{at}"
+        return f"the gradient of {src}{at} (its cotangent)"
+
+
+class Sub(NamedTuple):
+    """One substitution: at an equation's use (or value), what is taken instead."""
+    kind: str        # "cotangent", "value" or "operand"
+    primitive: str
+    operand: int
+    arity: int
+    where: str
+    text: str
+    order: int
+    alt: Tensor
+
+    def describe(self) -> str:
+        at = f" at {self.where}" if self.where else ""
+        src = f" (`{self.text}`)" if self.text else ""
+        which = f"operand {self.operand} of " if self.arity > 1 else ""
+        step = f"{which}`{self.primitive}`{at}{src}"
+        if self.kind == "value":
+            return (f"the gradient arriving at the result of `{self.primitive}`{at}{src} is "
+                    f"replaced by {self.alt.describe()}")
+        if self.kind == "cotangent":
+            return (f"the gradient through {step} reads {self.alt.describe()} in place of "
+                    f"the upstream gradient of that step")
+        return (f"the gradient through {step} reads {self.alt.describe()} in place of the "
+                f"other operand")
+
+
+def _interpret(jaxpr, consts, args, active_in, hook, order=None):
+    """Evaluate a jaxpr; hook(eqn, ins, flags, outs, order) -> outs for each primitive
+    equation (calls are entered)."""
+    order = order if order is not None else [0]
+    env, active = {}, {}
+
+    def read(v):
+        return v.val if isinstance(v, jcore.Literal) else env[v]
+
+    for var, value in zip(jaxpr.constvars, consts):
+        env[var], active[var] = value, False
+    for var, value, a in zip(jaxpr.invars, args, active_in):
+        env[var], active[var] = value, a
+    for eqn in jaxpr.eqns:
+        order[0] += 1
+        ins = [read(v) for v in eqn.invars]
+        flags = [not isinstance(v, jcore.Literal) and active.get(v, False) for v in eqn.invars]
+        if eqn.primitive.name in CALLS:
+            sub = eqn.params.get("jaxpr") or eqn.params.get("call_jaxpr")
+            inner = sub.jaxpr if hasattr(sub, "consts") else sub
+            outs = _interpret(inner, getattr(sub, "consts", []), ins, flags, hook, order)
+        else:
+            out = eqn.primitive.bind(*ins, **eqn.params)
+            outs = list(out) if eqn.primitive.multiple_results else [out]
+            outs = hook(eqn, ins, flags, outs, order[0])
+        for var, value in zip(eqn.outvars, outs):
+            env[var], active[var] = value, any(flags)
+    return [read(v) for v in jaxpr.outvars]
+
+
+def _fits(have, want, most=MAX_PERMUTATIONS):
+    """Permutations perm (identity first) with have[perm] == want, at most ``most``."""
+    if tuple(have) == tuple(want):
+        yield tuple(range(len(have)))
+    found = 0
+    for perm in itertools.permutations(range(len(have))):
+        if found >= most:
+            return
+        if list(perm) != sorted(perm) and tuple(have[i] for i in perm) == tuple(want):
+            found += 1
+            yield perm
+
+
+class Substitutions:
+    """The substitution columns of one oracle at one point, for one upstream gradient."""
+
+    def __init__(self, fn, diff_values, params, dout, labels=()):
+        """labels: the names of the diff values, in order (x, z ...)."""
+        self.labels = list(labels) + [f"input {i}" for i in range(len(labels),
+                                                                   len(diff_values))]
+        self.args = ([jnp.asarray(v) for v in diff_values],
+                     {k: jnp.asarray(v) for k, v in params.items()})
+        self.dout = jnp.asarray(dout)
+        self.closed = jax.make_jaxpr(fn)(*self.args)
+        self.flat = jax.tree_util.tree_leaves(self.args)
+        self.active = [_is_float(x) for x in self.flat]
+        self.records = self._probe()
+        self.others = {}
+        self.subs, self.plan = self._plan()
+
+    # pass 1: every value of the program, its cotangent and its equation's operands
+    def _probe(self):
+        closed, active = self.closed, self.active
+        shapes, eqns = [], []
+
+        def shape_hook(eqn, ins, flags, outs, order):
+            if any(flags) and not eqn.primitive.multiple_results and _is_float(outs[0]):
+                shapes.append(jax.ShapeDtypeStruct(outs[0].shape, outs[0].dtype))
+                eqns.append((eqn, order))
+            return outs
+        jax.eval_shape(lambda *f: _interpret(closed.jaxpr, closed.consts, list(f), active,
+                                             shape_hook), *self.flat)
+
+        def loss(probes, flat):
+            seen, k = [], [0]
+
+            def hook(eqn, ins, flags, outs, order):
+                if any(flags) and not eqn.primitive.multiple_results and _is_float(outs[0]):
+                    seen.append((outs[0], list(ins), list(flags)))
+                    outs = [outs[0] + probes[k[0]]]
+                    k[0] += 1
+                return outs
+            out, = _interpret(closed.jaxpr, closed.consts, flat, active, hook)
+            return jnp.sum(out * self.dout.astype(out.dtype)), seen
+        zeros = [jnp.zeros(s.shape, s.dtype) for s in shapes]
+        (cts, grads), seen = jax.grad(loss, argnums=(0, 1), has_aux=True)(zeros, self.flat)
+        names = self.labels + sorted(self.args[1])  # tree_leaves: the list, then sorted keys
+        self.inputs = [(n, np.asarray(x), np.asarray(g))
+                       for n, x, g, a in zip(names, self.flat, grads, self.active) if a]
+        records = []
+        for (eqn, order), (v, ins, flags), c in zip(eqns, seen, cts):
+            where, text = _frame(eqn)
+            records.append(Record(eqn, order, where, text, np.asarray(v), np.asarray(c),
+                                  [np.asarray(x) for x in ins], flags))
+        return records
+
+    def _candidates(self, shape, before, exclude):
+        """Distinct tensors of this shape: values computed before `before`, every cotangent
+        and dout, the latest first, at most MAX_CANDIDATES, none equal to an excluded one.
+        A tensor whose axes are the shape's in another order counts too, permuted to fit:
+        the oracle lays its values out in its own order (an einsum's (B, H, P, T) is a hand's
+        (H, B, T, P)), so a hand's tensor is an oracle value up to a permutation of axes."""
+        shape = tuple(shape)
+        found, arrays = [], [np.asarray(x) for x in exclude]
+
+        def add(tensor, array):
+            if sorted(array.shape) != sorted(shape) or not np.any(array) \
+                    or not np.all(np.isfinite(array)):
+                return
+            for perm in _fits(array.shape, shape):
+                a = np.transpose(array, perm)
+                if any(x.shape == a.shape and np.array_equal(a, x) for x in arrays):
+                    continue
+                arrays.append(a)
+                found.append((tensor._replace(perm=tuple(perm)), a))
+        dout = np.asarray(self.dout)
+        add(Tensor("dout", "", "", "", 0), dout)
+        for label, x, g in self.inputs:
+            add(Tensor("input", "", "", label, 0), x)
+            add(Tensor("input gradient", "", "", label, 0), g)
+        ranked = sorted(self.records, key=lambda r: (r.eqn.primitive.name in PLUMBING, -r.order))
+        for r in ranked:
+            name = r.eqn.primitive.name
+            add(Tensor("cotangent", name, r.where, r.text, r.order), r.c)
+            if r.order < before:
+                add(Tensor("value", name, r.where, r.text, r.order), r.v)
+        return found[:MAX_CANDIDATES]
+
+    def _plan(self):
+        """The substitutions, each as the cotangent D that one slot of the program receives
+        in addition (a slot: a value y = f(x_0, x_1 ...) of an equation, or y_p, the same
+        equation with only operand p carrying a gradient, or f(x_p, X) - f(x_p, x_other)):
+        value      D = X - dy at y;
+        cotangent  D = X - dy at y_p (the step's own local derivative applied to X);
+        operand    D = dy at f(x_p, X) - f(x_p, x_other)."""
+        subs, plan = [], collections.defaultdict(list)  # slot -> [(sub index, D)]
+        for r in self.records:
+            name = r.eqn.primitive.name
+            if name in PLUMBING:
+                continue
+            arity = len(r.eqn.invars)
+            found = self._candidates(r.v.shape, r.order, [r.c, r.v])
+            for p, (x, active) in enumerate(zip(r.ins, r.flags)):
+                if not active or not _is_float(x):
+                    continue
+                for alt, X in found if arity > 1 else ():  # one operand: the value's
+                    plan[(r.order, p, None)].append((len(subs), X - r.c))
+                    subs.append(Sub("cotangent", name, p, arity, r.where, r.text, r.order, alt))
+                other = r.ins[1 - p] if arity == 2 else None
+                if name not in PRODUCTS or other is None or not other.ndim:
+                    continue
+                for j, (alt, X) in enumerate(self._candidates(other.shape, r.order, [other])):
+                    self.others[(r.order, p, j)] = X.astype(other.dtype)
+                    plan[(r.order, p, j)].append((len(subs), r.c))
+                    subs.append(Sub("operand", name, p, arity, r.where, r.text, r.order, alt))
+            # the gradient arriving at the whole value (after the one-operand paths: the
+            # narrower statement first where both fit)
+            for alt, X in found:
+                plan[(r.order, -1, None)].append((len(subs), X - r.c))
+                subs.append(Sub("value", name, -1, arity, r.where, r.text, r.order, alt))
+        return subs, plan
+
+    def columns(self):
+        """(inputs' columns {index: (n, ...)}, params' columns {name: (n, ...)}) of every
+        substitution, in the order of ``subs``: the inputs' gradients when its slot receives
+        its D and nothing else does (one vjp of all slots, vmapped over the substitutions)."""
+        closed, active = self.closed, self.active
+        n, slots = len(self.subs), sorted(self.plan, key=lambda s: (s[0], s[1], s[2] or -1))
+        if not n:
+            return None
+        by_order = collections.defaultdict(list)
+        for j, slot in enumerate(slots):
+            by_order[slot[0]].append((j, slot))
+        others = {k: jnp.asarray(v) for k, v in self.others.items()}
+
+        def values(diff_values, params):
+            flat = jax.tree_util.tree_leaves((diff_values, params))
+            got = [None] * len(slots)
+
+            def hook(eqn, ins, flags, outs, order):
+                for j, (_, p, alt) in by_order.get(order, ()):
+                    if p < 0:
+                        got[j] = outs[0]
+                        continue
+                    pinned = [x if i == p else jax.lax.stop_gradient(x)
+                              for i, x in enumerate(ins)]
+                    y = eqn.primitive.bind(*pinned, **eqn.params)
+                    if alt is not None:
+                        swapped = list(pinned)
+                        swapped[1 - p] = others[(order, p, alt)]
+                        y = eqn.primitive.bind(*swapped, **eqn.params) - y
+                    got[j] = y
+                return outs
+            _interpret(closed.jaxpr, closed.consts, flat, active, hook)
+            return got
+        stacked = []
+        for slot in slots:
+            items = self.plan[slot]
+            D = np.zeros((n,) + np.shape(items[0][1]))
+            for k, d in items:
+                D[k] = d
+            stacked.append(jnp.asarray(D))
+
+        def run(args, stacked):
+            _, back = jax.vjp(values, *args)
+            return jax.vmap(back)(stacked)
+        cin, cpar = (run if os.environ.get("NOJIT") else jax.jit(run))(self.args, stacked)
+        return ({i: np.asarray(c) for i, c in enumerate(cin)},
+                {k: np.asarray(c) for k, c in cpar.items()})
+
+
+class Found(NamedTuple):
+    subs: list       # [Sub]
+    residual: float
+
+
+def fit(e, columns, subs, g, fit_tol, max_terms=MAX_TERMS) -> Found | None:
+    """The fewest substitutions (coefficient 1 each, within the fit) whose columns sum to
+    e = H - G, to ``fit_tol`` normwise relative to max |G|; None when none does."""
+    found = _ranked(e, columns, len(subs), g) if columns is not None else None
+    if found is None:
+        return None
+    scale, C, norms, live, _ = found
+    ev = e.reshape(-1)
+    good = lambda r: float(np.max(np.abs(r))) <= fit_tol * scale
+    unit = lambda coef: all(abs(a - 1) <= max(fit_tol, 1e-6) * 10 for a in coef)
+    got = greedy(C, ev, norms, live, max_terms, good)
+    if got is None or not unit(got[1]):
+        return None
+    chosen, _, r = got
+    return Found([subs[k] for k in chosen], float(np.max(np.abs(r))) / scale)
+
+
+def for_oracle(oracle, dout, names):
+    """name -> (columns, subs) for every checked tensor of a ``checks.legs.Oracle``, built on
+    first use (None where the oracle cannot be traced or is too large)."""
+    return per_name(lambda: _build(oracle, dout, names), names)
+
+
+_BUILT = collections.OrderedDict()
+KEEP_BUILT = 8
+
+
+def _build(oracle, dout, names):
+    return built_once(_BUILT, lambda: (_case_key(oracle, dout), tuple(sorted(names.items()))),
+                      lambda: _build_now(oracle, dout, names),
+                      lambda: len(_BUILT) > KEEP_BUILT)
+
+
+def _build_now(oracle, dout, names):
+    try:
+        program = oracle_program(oracle)
+        if program is None:
+            return None
+        fn, diff_values, size = program
+        diff_idx = oracle.diff_idx
+        s = Substitutions(fn, diff_values, oracle.params, dout,
+                          [names.get(i, f"input {i}") for i in diff_idx])
+        if len(s.records) > MAX_EQUATIONS or len(s.subs) * size > MAX_COLUMN_ELEMENTS:
+            return None
+        got = s.columns()
+        if got is None:
+            return None
+        cin, cpar = got
+        return ({i: cin[n] for n, i in enumerate(diff_idx)}, cpar), s.subs
+    except Exception:  # an explanation, never a reason for a check to fail
+        if os.environ.get("GRADLAB_DEBUG"):
+            raise
+        return None
