@@ -42,7 +42,7 @@ import numpy as np
 from checks.attribution import fit_path_per_slice, fit_paths, representative
 from checks.legs import normwise
 from checks.localise import position, structure
-from checks.substitution import fit as substitution_fit
+from checks.substitution import equal_to as substitution_equal, fit as substitution_fit
 
 NO_PATTERN = "no common bug pattern fits"
 FIT_FACTOR = 8  # a pattern fits when G matches it within FIT_FACTOR x the check's tolerance
@@ -417,7 +417,14 @@ def _substituted(name, g, ref, ctx, fit):
     got = columns(name) if columns is not None else None
     if got is None:
         return ""
-    found = substitution_fit(g - ref, got[0], got[1], ref, fit)
+    column, catalogue = got
+    whole = substitution_equal(g, ref, catalogue.tensors, fit)
+    if whole is not None:
+        tensor, moved = whole
+        return (f"the hand d{name} is {tensor.describe()}"
+                + (" (its axes reordered or reshaped to fit)" if moved else "")
+                + f": another tensor returned in place of d{name}")
+    found = substitution_fit(g - ref, column, catalogue.subs, ref, fit)
     if found is None:
         return ""
     return "; ".join(s.describe() for s in found.subs)

@@ -40,7 +40,7 @@ from checks.attribution import (CALLS, MAX_EQUATIONS, PLUMBING, _case_key, _fram
 
 PRODUCTS = {"mul", "dot_general"}
 MAX_PERMUTATIONS = 3         # axis orders tried per tensor besides its own
-MAX_CANDIDATES = 24          # per site: the latest values and cotangents of the right shape
+MAX_CANDIDATES = 40          # per site: the latest values and cotangents of the right shape
 MAX_COLUMN_ELEMENTS = 2e7    # columns x gradient elements
 MAX_TERMS = 3                # substitutions combined at most (two tensors swapped: two)
 
@@ -86,7 +86,7 @@ class Tensor(NamedTuple):
 
 class Sub(NamedTuple):
     """One substitution: at an equation's use (or value), what is taken instead."""
-    kind: str        # "cotangent", "value" or "operand"
+    kind: str        # "cotangent", "value", "operand" or "skipped"
     primitive: str
     operand: int
     arity: int
@@ -100,6 +100,12 @@ class Sub(NamedTuple):
         src = f" (`{self.text}`)" if self.text else ""
         which = f"operand {self.operand} of " if self.arity > 1 else ""
         step = f"{which}`{self.primitive}`{at}{src}"
+        if self.kind == "skipped":
+            perm = self.alt.perm
+            moved = f" (its axes in the order {perm})" if list(perm) != sorted(perm) else ""
+            return (f"the gradient skips the step {step}: the upstream gradient of that step "
+                    f"is passed to operand {self.operand} unchanged{moved}, its local "
+                    f"derivative (a factor of the product) left out")
         if self.kind == "value":
             return (f"the gradient arriving at the result of `{self.primitive}`{at}{src} is "
                     f"replaced by {self.alt.describe()}")
@@ -206,36 +212,41 @@ class Substitutions:
                                   [np.asarray(x) for x in ins], flags))
         return records
 
-    def _candidates(self, shape, before, exclude):
-        """Distinct tensors of this shape: values computed before `before`, every cotangent
-        and dout, the latest first, at most MAX_CANDIDATES, none equal to an excluded one.
-        A tensor whose axes are the shape's in another order counts too, permuted to fit:
-        the oracle lays its values out in its own order (an einsum's (B, H, P, T) is a hand's
-        (H, B, T, P)), so a hand's tensor is an oracle value up to a permutation of axes."""
+    def tensors(self):
+        """Every tensor a hand backward can read by mistake, (Tensor, array): dout, the
+        inputs and their gradients, every value of the program and its cotangent."""
+        out = [(Tensor("dout", "", "", "", 0), np.asarray(self.dout))]
+        for label, x, g in self.inputs:
+            out += [(Tensor("input", "", "", label, 0), x),
+                    (Tensor("input gradient", "", "", label, 0), g)]
+        for r in self.records:
+            name = r.eqn.primitive.name
+            out += [(Tensor("cotangent", name, r.where, r.text, r.order), r.c),
+                    (Tensor("value", name, r.where, r.text, r.order), r.v)]
+        return out
+
+    def _candidates(self, shape, near, exclude):
+        """Distinct tensors of this shape (``tensors``: a backward has every cached value at
+        hand, computed before or after the step), those of the program nearest the step
+        `near` first, computing equations before plumbing, at most MAX_CANDIDATES, none equal
+        to an excluded one.  A tensor whose axes are the shape's in another order counts too,
+        permuted to fit: the oracle lays its values out in its own order (an einsum's
+        (B, H, P, T) is a hand's (H, B, T, P)), so a hand's tensor is an oracle value up to a
+        permutation of axes."""
         shape = tuple(shape)
         found, arrays = [], [np.asarray(x) for x in exclude]
-
-        def add(tensor, array):
+        rank = lambda t: (t[0].primitive in PLUMBING, abs(t[0].order - near) if t[0].order
+                          else -1)
+        for tensor, array in sorted(self.tensors(), key=rank):
             if sorted(array.shape) != sorted(shape) or not np.any(array) \
                     or not np.all(np.isfinite(array)):
-                return
+                continue
             for perm in _fits(array.shape, shape):
                 a = np.transpose(array, perm)
                 if any(x.shape == a.shape and np.array_equal(a, x) for x in arrays):
                     continue
                 arrays.append(a)
                 found.append((tensor._replace(perm=tuple(perm)), a))
-        dout = np.asarray(self.dout)
-        add(Tensor("dout", "", "", "", 0), dout)
-        for label, x, g in self.inputs:
-            add(Tensor("input", "", "", label, 0), x)
-            add(Tensor("input gradient", "", "", label, 0), g)
-        ranked = sorted(self.records, key=lambda r: (r.eqn.primitive.name in PLUMBING, -r.order))
-        for r in ranked:
-            name = r.eqn.primitive.name
-            add(Tensor("cotangent", name, r.where, r.text, r.order), r.c)
-            if r.order < before:
-                add(Tensor("value", name, r.where, r.text, r.order), r.v)
         return found[:MAX_CANDIDATES]
 
     def _plan(self):
@@ -251,13 +262,20 @@ class Substitutions:
             if name in PLUMBING:
                 continue
             arity = len(r.eqn.invars)
-            found = self._candidates(r.v.shape, r.order, [r.c, r.v])
+            found = self._candidates(r.v.shape, r.order, [r.c])
             for p, (x, active) in enumerate(zip(r.ins, r.flags)):
                 if not active or not _is_float(x):
                     continue
                 for alt, X in found if arity > 1 else ():  # one operand: the value's
                     plan[(r.order, p, None)].append((len(subs), X - r.c))
                     subs.append(Sub("cotangent", name, p, arity, r.where, r.text, r.order, alt))
+                if sorted(x.shape) == sorted(r.v.shape) and x.size > 1:
+                    for perm in _fits(r.v.shape, x.shape):  # the step skipped
+                        plan[(r.order, p, "in")].append((len(subs), np.transpose(r.c, perm)))
+                        plan[(r.order, p, None)].append((len(subs), -r.c))
+                        subs.append(Sub("skipped", name, p, arity, r.where, r.text, r.order,
+                                        Tensor("cotangent", name, r.where, r.text, r.order,
+                                               tuple(perm))))
                 other = r.ins[1 - p] if arity == 2 else None
                 if name not in PRODUCTS or other is None or not other.ndim:
                     continue
@@ -277,7 +295,7 @@ class Substitutions:
         substitution, in the order of ``subs``: the inputs' gradients when its slot receives
         its D and nothing else does (one vjp of all slots, vmapped over the substitutions)."""
         closed, active = self.closed, self.active
-        n, slots = len(self.subs), sorted(self.plan, key=lambda s: (s[0], s[1], s[2] or -1))
+        n, slots = len(self.subs), sorted(self.plan, key=lambda s: (s[0], s[1], str(s[2])))
         if not n:
             return None
         by_order = collections.defaultdict(list)
@@ -291,8 +309,8 @@ class Substitutions:
 
             def hook(eqn, ins, flags, outs, order):
                 for j, (_, p, alt) in by_order.get(order, ()):
-                    if p < 0:
-                        got[j] = outs[0]
+                    if p < 0 or alt == "in":
+                        got[j] = outs[0] if p < 0 else ins[p]
                         continue
                     pinned = [x if i == p else jax.lax.stop_gradient(x)
                               for i, x in enumerate(ins)]
@@ -319,6 +337,34 @@ class Substitutions:
         cin, cpar = (run if os.environ.get("NOJIT") else jax.jit(run))(self.args, stacked)
         return ({i: np.asarray(c) for i, c in enumerate(cin)},
                 {k: np.asarray(c) for k, c in cpar.items()})
+
+
+class Catalogue(NamedTuple):
+    """What one case's substitutions are made of."""
+    subs: list       # [Sub], in the order of the columns
+    tensors: list    # [(Tensor, array)]: every tensor of the program (``Substitutions.tensors``)
+
+
+MAX_AXES = 5  # the axis orders of tensors up to this rank are all tried by ``equal_to``
+
+
+def equal_to(g, ref, tensors, fit_tol):
+    """The Tensor the hand gradient g is, whole (its axes reordered and reshaped to fit, as
+    a backward merges heads), where it is no right gradient: a forward value, an input, or
+    the gradient of another value returned in place of this one.  None when none is."""
+    scale = float(np.max(np.abs(ref))) if ref.size else 0.0
+    if scale == 0.0:
+        return None
+    close = lambda a: float(np.max(np.abs(a - g))) <= fit_tol * scale
+    for tensor, array in tensors:
+        if array.size != g.size or array.ndim > MAX_AXES or close(ref):
+            continue
+        for perm in itertools.permutations(range(array.ndim)):
+            a = np.transpose(array, perm).reshape(g.shape)
+            if close(a):
+                moved = tuple(perm) != tuple(range(array.ndim)) or array.shape != g.shape
+                return tensor._replace(perm=()), moved
+    return None
 
 
 class Found(NamedTuple):
@@ -374,7 +420,8 @@ def _build_now(oracle, dout, names):
         if got is None:
             return None
         cin, cpar = got
-        return ({i: cin[n] for n, i in enumerate(diff_idx)}, cpar), s.subs
+        return ({i: cin[n] for n, i in enumerate(diff_idx)}, cpar), Catalogue(s.subs,
+                                                                               s.tensors())
     except Exception:  # an explanation, never a reason for a check to fail
         if os.environ.get("GRADLAB_DEBUG"):
             raise
