@@ -40,9 +40,10 @@ from checks.attribution import (CALLS, MAX_EQUATIONS, PLUMBING, _case_key, _fram
 
 PRODUCTS = {"mul", "dot_general"}
 MAX_PERMUTATIONS = 3         # axis orders tried per tensor besides its own
-MAX_CANDIDATES = 40          # per site: the latest values and cotangents of the right shape
+MAX_CANDIDATES = 64          # per site: the latest values and cotangents of the right shape
 MAX_COLUMN_ELEMENTS = 2e7    # columns x gradient elements
 MAX_TERMS = 3                # substitutions combined at most (two tensors swapped: two)
+PAIRS, TRIPLES = 48, 20      # the columns most correlated with the error tried in pairs, triples
 
 
 class Record(NamedTuple):
@@ -59,7 +60,7 @@ class Record(NamedTuple):
 
 class Tensor(NamedTuple):
     """A value of the oracle's program or its cotangent: a candidate for a substitution."""
-    kind: str       # "value" or "cotangent"
+    kind: str       # "value", "cotangent", "input", "input gradient", "dout" or "one"
     primitive: str
     where: str
     text: str
@@ -73,6 +74,8 @@ class Tensor(NamedTuple):
     def _what(self) -> str:
         at = f" at {self.where}" if self.where else ""
         src = f"`{self.text}`" if self.text else f"the result of `{self.primitive}`"
+        if self.kind == "one":
+            return "1 (a factor left out)"
         if self.kind == "dout":
             return "the upstream gradient dout of the layer"
         if self.kind == "input":
@@ -234,7 +237,9 @@ class Substitutions:
         (B, H, P, T) is a hand's (H, B, T, P)), so a hand's tensor is an oracle value up to a
         permutation of axes."""
         shape = tuple(shape)
-        found, arrays = [], [np.asarray(x) for x in exclude]
+        # 1: a factor of a product, or the upstream gradient of a step, left out
+        found, arrays = [(Tensor("one", "", "", "", 0), np.ones(shape))], \
+            [np.asarray(x) for x in exclude] + [np.ones(shape)]
         rank = lambda t: (t[0].primitive in PLUMBING, abs(t[0].order - near) if t[0].order
                           else -1)
         for tensor, array in sorted(self.tensors(), key=rank):
@@ -378,15 +383,31 @@ def fit(e, columns, subs, g, fit_tol, max_terms=MAX_TERMS) -> Found | None:
     found = _ranked(e, columns, len(subs), g) if columns is not None else None
     if found is None:
         return None
-    scale, C, norms, live, _ = found
+    scale, C, norms, live, ranked = found
     ev = e.reshape(-1)
     good = lambda r: float(np.max(np.abs(r))) <= fit_tol * scale
     unit = lambda coef: all(abs(a - 1) <= max(fit_tol, 1e-6) * 10 for a in coef)
     got = greedy(C, ev, norms, live, max_terms, good)
     if got is None or not unit(got[1]):
+        got = _combinations(C, ev, ranked, good, unit)
+    if got is None:
         return None
     chosen, _, r = got
     return Found([subs[k] for k in chosen], float(np.max(np.abs(r))) / scale)
+
+
+def _combinations(C, ev, ranked, good, unit):
+    """Every pair among the PAIRS and every triple among the TRIPLES columns most correlated
+    with e (two cached tensors swapped read two wrong tensors in two steps; greedy pursuit
+    can take a third column for the first): (chosen, coefficients, residual) or None."""
+    for size, top in ((2, PAIRS), (3, TRIPLES)):
+        for chosen in itertools.combinations(ranked[:top], size):
+            A = C[list(chosen)].T
+            coef = np.linalg.lstsq(A, ev, rcond=None)[0]
+            r = ev - A @ coef
+            if good(r) and unit(coef):
+                return list(chosen), coef, r
+    return None
 
 
 def for_oracle(oracle, dout, names):
