@@ -97,11 +97,13 @@ class Sub(NamedTuple):
     text: str
     order: int
     alt: Tensor
+    reads: str = ""  # the source of the operand the path goes into, where it is known
 
     def describe(self) -> str:
         at = f" at {self.where}" if self.where else ""
         src = f" (`{self.text}`)" if self.text else ""
-        which = f"operand {self.operand} of " if self.arity > 1 else ""
+        reads = f" (`{self.reads}`)" if self.reads and self.reads != self.text else ""
+        which = f"operand {self.operand}{reads} of " if self.arity > 1 else ""
         step = f"{which}`{self.primitive}`{at}{src}"
         if self.kind == "skipped":
             perm = self.alt.perm
@@ -215,6 +217,18 @@ class Substitutions:
                                   [np.asarray(x) for x in ins], flags))
         return records
 
+    def _source_of(self, x, before):
+        """The source text of the value x of an equation's operand: the input it is, or the
+        latest computing equation before `before` whose result it equals; '' if none."""
+        for label, value, _ in self.inputs:
+            if value.shape == x.shape and np.array_equal(value, x):
+                return label
+        for r in sorted(self.records, key=lambda r: -r.order):
+            if r.order < before and r.v.shape == x.shape and r.text \
+                    and np.array_equal(r.v, x):
+                return r.text
+        return ""
+
     def tensors(self):
         """Every tensor a hand backward can read by mistake, (Tensor, array): dout, the
         inputs and their gradients, every value of the program and its cotangent."""
@@ -271,23 +285,26 @@ class Substitutions:
             for p, (x, active) in enumerate(zip(r.ins, r.flags)):
                 if not active or not _is_float(x):
                     continue
+                reads = self._source_of(x, r.order)
                 for alt, X in found if arity > 1 else ():  # one operand: the value's
                     plan[(r.order, p, None)].append((len(subs), X - r.c))
-                    subs.append(Sub("cotangent", name, p, arity, r.where, r.text, r.order, alt))
+                    subs.append(Sub("cotangent", name, p, arity, r.where, r.text, r.order, alt,
+                                    reads))
                 if sorted(x.shape) == sorted(r.v.shape) and x.size > 1:
                     for perm in _fits(r.v.shape, x.shape):  # the step skipped
                         plan[(r.order, p, "in")].append((len(subs), np.transpose(r.c, perm)))
                         plan[(r.order, p, None)].append((len(subs), -r.c))
                         subs.append(Sub("skipped", name, p, arity, r.where, r.text, r.order,
                                         Tensor("cotangent", name, r.where, r.text, r.order,
-                                               tuple(perm))))
+                                               tuple(perm)), reads))
                 other = r.ins[1 - p] if arity == 2 else None
                 if name not in PRODUCTS or other is None or not other.ndim:
                     continue
                 for j, (alt, X) in enumerate(self._candidates(other.shape, r.order, [other])):
                     self.others[(r.order, p, j)] = X.astype(other.dtype)
                     plan[(r.order, p, j)].append((len(subs), r.c))
-                    subs.append(Sub("operand", name, p, arity, r.where, r.text, r.order, alt))
+                    subs.append(Sub("operand", name, p, arity, r.where, r.text, r.order, alt,
+                                    reads))
             # the gradient arriving at the whole value (after the one-operand paths: the
             # narrower statement first where both fit)
             for alt, X in found:

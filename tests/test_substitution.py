@@ -23,14 +23,15 @@ def gated_forward(x, params):
     return h @ params["V"], (x, t, h, params)
 
 
-def gated_backward(dy, cache, *, dw_from="t", dh_from="dh"):
+def gated_backward(dy, cache, *, dw_from="t", dh_from="dh", dx_is=None, gain=True):
     x, t, h, params = cache
     dh = dy @ params["V"].T                               # (N, D)
     dV = h.T @ dy                                         # (D, D)
-    dt = dh * params["w"]                                 # (N, D)
-    tensors = {"t": t, "x": x, "dh": dh, "dy": dy}
+    dt = dh * params["w"] if gain else dh                 # (N, D)
+    tensors = {"t": t, "x": x, "dh": dh, "dy": dy, "one": 1.0}
     dw = (tensors[dh_from] * tensors[dw_from]).sum(axis=0)  # (D,)
-    return dt * (1 - t * t), {"w": dw, "V": dV}
+    dx = tensors[dx_is] if dx_is else dt * (1 - t * t)    # (N, D)
+    return dx, {"w": dw, "V": dV}
 
 
 def _check(**bug):
@@ -90,3 +91,21 @@ def test_no_substitution_replaces_a_tensor_by_itself(kind):
         if sub.kind == kind:
             total = sum(float(np.abs(c[k]).max()) for c in [*cin.values(), *cpar.values()])
             assert total > 0, sub
+
+
+def test_another_tensor_returned_whole_is_named():
+    """dx = dh (the gradient of the product's result) returned in place of dx."""
+    text = next(t for t in _check(dx_is="dh").tensors if not t.ok).diagnosis
+    assert "the hand dx is the gradient of" in text and "another tensor returned in place " \
+        "of dx" in text
+
+
+def test_a_factor_of_a_product_left_out_is_named_by_its_source():
+    """dw = sum(dh) for sum(dh * tanh(x)): the path into w reads 1 in place of the other
+    operand, tanh(x)."""
+    report = _check(dw_from="one")
+    bad = {t.name: t for t in report.tensors if not t.ok}
+    assert set(bad) == {"w"}
+    text = bad["w"].diagnosis
+    assert "reads 1 (a factor left out) in place of the other operand" in text
+    assert "of `mul`" in text and "(`jnp.tanh(x) * params[\"w\"]`)" in text
