@@ -27,6 +27,12 @@ is wrong) and tests the common bug shapes in turn, from the most specific:
     oracle paths            G - R = a sparse sum of the oracle's path contributions: a path
                             missing, scaled or with the wrong sign, a matrix product's other
                             operand untransposed or a wrong cached value (checks.attribution)
+    substitutions           last: G is another tensor of the oracle's program whole (a value,
+                            an input, a gradient: returned in place of this one), or G - R is
+                            one to four substitutions: a step of the backward reading another
+                            tensor of the same shape (or 1: a factor left out) in place of its
+                            upstream gradient or of an operand of its derivative, or a step
+                            skipped (checks.substitution)
 
 A pattern fits when G and the transformed R agree to ``fit_tol`` (a few times the check's
 tolerance), normwise.  When none fits, the diagnosis says so.

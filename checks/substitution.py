@@ -12,15 +12,21 @@ cotangent dy for the check's dout; for an equation y = f(x_0, x_1, ...) and one 
                             error = J_p^T (X - dy), J_p the Jacobian of the inputs' path into
                             x_p (everything upstream of the step stays right)
     value substituted       the gradient arriving at y (all its uses) is X instead of dy
-    operand substituted     a product's (``mul``, ``dot_general``) gradient into x_p takes X as
-                            the other operand: error = J_p^T (d f(x_p, X) - d f(x_p, x_other))
+    operand substituted     the derivative of a two-operand step (``mul``, ``div``,
+                            ``dot_general`` ...) into x_p reads X as the other operand:
+                            error = J_p^T (d f(x_p, X) - d f(x_p, x_other)); X = 1: a factor
+                            of a product left out
+    step skipped            the upstream gradient of y passed to x_p unchanged (same shape up
+                            to an order of axes): its local derivative left out
 
-with X any other value or cotangent of the program with the shape required (the case's other
-tensors of that shape are the candidates).  Each such error is the gradient of one extra scalar
-term added to the loss, <y_p, X - dy> or <f(x_p, X) - f(x_p, x_other), dy> with the constants
-held out of the gradient, so all of them come out of one vmapped gradient.  A hand error H - G
-that equals one such column (or the sum of two or three: two cached tensors swapped) with
-coefficient 1 is named by the two source expressions.  Nothing here knows any layer.
+with X any other value, constant or cotangent of the program, an input, an input's gradient,
+dout or 1, with the shape required, its axes in any order (the case's other tensors of that
+shape are the candidates).  Each such error is the inputs' gradient when one slot of the
+program (y, y_p with the other operands held, or f(x_p, X) - f(x_p, x_other)) receives an extra
+cotangent (X - dy, or dy), so all of them come out of one vjp of the slots, vmapped.  A hand error H - G
+that equals one such column (or the sum of up to four: two constants swapped in two products
+each) with coefficient 1 is named by the two source expressions; a hand gradient that is one
+of those tensors whole (``equal_to``) is named as that tensor.  Nothing here knows any layer.
 """
 from __future__ import annotations
 
@@ -38,11 +44,13 @@ from checks.attribution import (CALLS, MAX_EQUATIONS, PLUMBING, _case_key, _fram
                                 _ranked,
                                 built_once, greedy, oracle_program, per_name)
 
-PRODUCTS = {"mul", "dot_general"}
+PRODUCTS = {"mul", "div", "dot_general", "pow", "max", "min", "atan2"}  # two operands,
+#                                 each in the derivative into the other
 MAX_PERMUTATIONS = 3         # axis orders tried per tensor besides its own
 MAX_CANDIDATES = 64          # per site: the latest values and cotangents of the right shape
 MAX_COLUMN_ELEMENTS = 2e7    # columns x gradient elements
-MAX_TERMS = 3                # substitutions combined at most (two tensors swapped: two)
+MAX_TERMS = 4                # substitutions combined at most (two constants swapped in two
+#                              products each: four)
 PAIRS, TRIPLES = 48, 20      # the columns most correlated with the error tried in pairs, triples
 
 
@@ -84,6 +92,8 @@ class Tensor(NamedTuple):
             return f"the gradient of the input {self.text}"
         if self.kind == "value":
             return f"the forward value {src}{at}"
+        if self.kind == "constant":
+            return f"the constant that {src}{at} reads"
         return f"the gradient of {src}{at} (its cotangent)"
 
 
@@ -240,6 +250,9 @@ class Substitutions:
             name = r.eqn.primitive.name
             out += [(Tensor("cotangent", name, r.where, r.text, r.order), r.c),
                     (Tensor("value", name, r.where, r.text, r.order), r.v)]
+            out += [(Tensor("constant", name, r.where, r.text, r.order), x)
+                    for x, active in zip(r.ins, r.flags)
+                    if not active and x.ndim and _is_float(x)]  # a table, a mask
         return out
 
     def _candidates(self, shape, near, exclude):
@@ -301,7 +314,12 @@ class Substitutions:
                 if name not in PRODUCTS or other is None or not other.ndim:
                     continue
                 for j, (alt, X) in enumerate(self._candidates(other.shape, r.order, [other])):
-                    self.others[(r.order, p, j)] = X.astype(other.dtype)
+                    X = X.astype(other.dtype)
+                    swapped = list(r.ins)
+                    swapped[1 - p] = X
+                    if not np.all(np.isfinite(r.eqn.primitive.bind(*swapped, **r.eqn.params))):
+                        continue  # a zero read as a denominator: no derivative there
+                    self.others[(r.order, p, j)] = X
                     plan[(r.order, p, j)].append((len(subs), r.c))
                     subs.append(Sub("operand", name, p, arity, r.where, r.text, r.order, alt,
                                     reads))
@@ -356,9 +374,17 @@ class Substitutions:
         def run(args, stacked):
             _, back = jax.vjp(values, *args)
             return jax.vmap(back)(stacked)
-        cin, cpar = (run if os.environ.get("NOJIT") else jax.jit(run))(self.args, stacked)
-        return ({i: np.asarray(c) for i, c in enumerate(cin)},
-                {k: np.asarray(c) for k, c in cpar.items()})
+        cin, cpar = jax.jit(run)(self.args, stacked)
+        cin = {i: np.array(c) for i, c in enumerate(cin)}
+        cpar = {k: np.array(c) for k, c in cpar.items()}
+        # a substitution whose derivative is not finite there (a division by a zero of the
+        # tensor read in place of a denominator) explains nothing: its column is zero
+        finite = np.ones(n, bool)
+        for c in [*cin.values(), *cpar.values()]:
+            finite &= np.all(np.isfinite(c.reshape(n, -1)), axis=1)
+        for c in [*cin.values(), *cpar.values()]:
+            c[~finite] = 0.0
+        return cin, cpar
 
 
 class Catalogue(NamedTuple):
@@ -404,8 +430,16 @@ def fit(e, columns, subs, g, fit_tol, max_terms=MAX_TERMS) -> Found | None:
     ev = e.reshape(-1)
     good = lambda r: float(np.max(np.abs(r))) <= fit_tol * scale
     unit = lambda coef: all(abs(a - 1) <= max(fit_tol, 1e-6) * 10 for a in coef)
-    got = greedy(C, ev, norms, live, max_terms, good)
-    if got is None or not unit(got[1]):
+    got = None
+    # a product's operand read wrong first (a cached value mistaken: the commonest slip and
+    # the plainest statement), then every kind of substitution
+    operands = np.array([k for k in live if subs[k].kind == "operand"], dtype=int)
+    for pool in ([operands] if operands.size else []) + [live]:
+        got = greedy(C, ev, norms, pool, max_terms, good)
+        if got is not None and unit(got[1]):
+            break
+        got = None
+    if got is None:
         got = _combinations(C, ev, ranked, good, unit)
     if got is None:
         return None
