@@ -67,26 +67,32 @@ def test_a_gradient_read_in_place_of_the_step_upstream_gradient_is_named():
            "gradient of that step" in text
 
 
-def test_columns_are_the_hand_error_of_the_substitution_exactly():
+DOUT = RNG.standard_normal((3, 5))
+
+
+@pytest.fixture(scope="module")
+def gated():
+    """The gated layer's substitutions and their columns, built once."""
+    s = Substitutions(lambda d, p: gated_oracle(d[0], p), [X], W, DOUT, ["x"])
+    return s, s.columns()
+
+
+def test_columns_are_the_hand_error_of_the_substitution_exactly(gated):
     """The column of 'w's path reads x for tanh(x)' is sum over rows of dh (x - tanh(x)), to
     float64 rounding; the other tensors' columns are zero (the error stays in dw)."""
-    dout = RNG.standard_normal((3, 5))
-    s = Substitutions(lambda d, p: gated_oracle(d[0], p), [X], W, dout, ["x"])
-    cin, cpar = s.columns()
+    s, (cin, cpar) = gated
     k = next(i for i, sub in enumerate(s.subs) if sub.kind == "operand"
              and sub.primitive == "mul" and sub.alt.kind == "input" and sub.operand == 1)
-    dh = dout @ W["V"].T
+    dh = DOUT @ W["V"].T
     expected = np.sum(dh * (X - np.tanh(X)), axis=0)
     np.testing.assert_allclose(cpar["w"][k], expected, rtol=0, atol=1e-12 * np.abs(expected).max())
     assert np.all(cin[0][k] == 0) and np.all(cpar["V"][k] == 0)
 
 
-@pytest.mark.parametrize("kind", ["value", "cotangent", "operand"])
-def test_no_substitution_replaces_a_tensor_by_itself(kind):
+@pytest.mark.parametrize("kind", ["value", "cotangent", "operand", "skipped"])
+def test_no_substitution_replaces_a_tensor_by_itself(gated, kind):
     """A candidate equal to the tensor it replaces would give a zero column: none is made."""
-    dout = RNG.standard_normal((3, 5))
-    s = Substitutions(lambda d, p: gated_oracle(d[0], p), [X], W, dout, ["x"])
-    cin, cpar = s.columns()
+    s, (cin, cpar) = gated
     for k, sub in enumerate(s.subs):
         if sub.kind == kind:
             total = sum(float(np.abs(c[k]).max()) for c in [*cin.values(), *cpar.values()])
