@@ -340,8 +340,20 @@ def fit_paths(e, columns, sites, g, fit, max_terms=MAX_TERMS) -> Explained | Non
         r = ev - a * C[k]
         if good(r):
             return Explained([(k, a)], float(np.max(np.abs(r))) / scale)
+    got = greedy(C, ev, norms, live, max_terms, good)
+    if got is None:
+        return None
+    chosen, coef, r = got
+    return Explained([(k, float(a)) for k, a in zip(chosen, coef)],
+                     float(np.max(np.abs(r))) / scale)
+
+
+def greedy(C, ev, norms, live, max_terms, good):
+    """Orthogonal matching pursuit: (the chosen rows of C, their least-squares coefficients,
+    the residual) of the first set of at most max_terms rows whose residual is good(r), or
+    None."""
     chosen, r = [], ev
-    for _ in range(max_terms):  # a few paths, greedily
+    for _ in range(max_terms):
         scores = np.abs(C[live] @ r) / norms[live]
         scores[np.isin(live, chosen)] = -1
         chosen.append(int(live[int(np.argmax(scores))]))
@@ -349,8 +361,7 @@ def fit_paths(e, columns, sites, g, fit, max_terms=MAX_TERMS) -> Explained | Non
         coef = np.linalg.lstsq(A, ev, rcond=None)[0]
         r = ev - A @ coef
         if good(r):
-            return Explained([(k, float(a)) for k, a in zip(chosen, coef)],
-                             float(np.max(np.abs(r))) / scale)
+            return chosen, coef, r
     return None
 
 
@@ -396,12 +407,22 @@ def representative(k, columns, sites, fit):
 def for_oracle(oracle, dout, names):
     """name -> (columns, sites) for every checked tensor of a ``checks.legs.Oracle``, built on
     first use (None where the oracle cannot be traced or is too large to attribute).
-    names: input index -> tensor name."""
+    names: input index -> tensor name.  Its ``substitutions`` attribute is the same for
+    ``checks.substitution`` (the last tier of the diagnosis)."""
+    from checks.substitution import for_oracle as substitutions
+    paths = per_name(lambda: _build(oracle, dout), names)
+    paths.substitutions = substitutions(oracle, dout, names)
+    return paths
+
+
+def per_name(build, names):
+    """name -> (the tensor's columns, the sites) of what build() returns, ((inputs' columns by
+    index, params' columns by name), sites), built on first use; None where it gives None."""
     state = {}
 
-    def paths(name):
+    def columns(name):
         if "built" not in state:
-            state["built"] = _build(oracle, dout)
+            state["built"] = build()
         built = state["built"]
         if built is None:
             return None
@@ -409,7 +430,7 @@ def for_oracle(oracle, dout, names):
         key = next((i for i, n in names.items() if n == name), name)
         column = cin.get(key) if isinstance(key, int) else cpar.get(key)
         return None if column is None else (column, sites)
-    return paths
+    return columns
 
 
 _BUILT = collections.OrderedDict()  # the last few cases' attributions, by their exact data
@@ -432,18 +453,25 @@ def _case_key(oracle, dout):
 def _build(oracle, dout):
     """The columns and sites of one case, built once: checks of several hand backwards on the
     same case (the zoo's bugs of one layer) share them."""
+    return built_once(_BUILT, lambda: _case_key(oracle, dout), lambda: _build_now(oracle, dout),
+                      lambda: len(_BUILT) > KEEP_BUILT
+                      or sum(map(_elements, _BUILT.values())) > MAX_COLUMN_ELEMENTS)
+
+
+def built_once(store, key, make, too_many):
+    """make() once per key() in the ordered dict store (the oldest dropped while too_many()
+    holds, the newest always kept); each time for a key that cannot be hashed."""
     try:
-        key = _case_key(oracle, dout)
-        hash(key)
+        k = key()
+        hash(k)
     except Exception:  # an unhashable static argument: built each time
-        return _build_now(oracle, dout)
-    if key not in _BUILT:
-        _BUILT[key] = _build_now(oracle, dout)
-        while len(_BUILT) > 1 and (len(_BUILT) > KEEP_BUILT
-                                   or sum(map(_elements, _BUILT.values())) > MAX_COLUMN_ELEMENTS):
-            _BUILT.popitem(last=False)
-    _BUILT.move_to_end(key)
-    return _BUILT[key]
+        return make()
+    if k not in store:
+        store[k] = make()
+        while len(store) > 1 and too_many():
+            store.popitem(last=False)
+    store.move_to_end(k)
+    return store[k]
 
 
 def _elements(built):
@@ -453,25 +481,36 @@ def _elements(built):
     return sum(int(np.size(c)) for tree in (cin, cpar) for c in tree.values())
 
 
+def oracle_program(oracle):
+    """(fn(diff_values, params) -> out in jax.numpy, the diff values, the number of elements
+    of every differentiated input and parameter) of a traceable ``checks.legs.Oracle``, or
+    None."""
+    if not oracle.traceable or oracle.static_items is None:
+        return None
+    static = dict(oracle.static_items)
+    others, arrays, diff_idx = oracle.others, oracle.arrays, oracle.diff_idx
+
+    def fn(diff_values, params):
+        full = list(others)
+        for i, value in zip(diff_idx, diff_values):
+            full[i] = value
+        return oracle.oracle(*full, params, **static, **arrays)
+    size = sum(int(np.size(oracle.inputs[i])) for i in diff_idx) + \
+        sum(int(np.size(v)) for v in oracle.params.values())
+    return fn, [oracle.inputs[i] for i in diff_idx], size
+
+
 def _build_now(oracle, dout):
     try:
-        if not oracle.traceable or oracle.static_items is None:
+        program = oracle_program(oracle)
+        if program is None:
             return None
-        static = dict(oracle.static_items)
-        others, arrays, diff_idx = oracle.others, oracle.arrays, oracle.diff_idx
-
-        def fn(diff_values, params):
-            full = list(others)
-            for i, value in zip(diff_idx, diff_values):
-                full[i] = value
-            return oracle.oracle(*full, params, **static, **arrays)
-        a = Attribution(fn, [oracle.inputs[i] for i in diff_idx], oracle.params, dout)
-        size = sum(int(np.size(oracle.inputs[i])) for i in diff_idx) + \
-            sum(int(np.size(v)) for v in oracle.params.values())
+        fn, diff_values, size = program
+        a = Attribution(fn, diff_values, oracle.params, dout)
         if a.n_equations > MAX_EQUATIONS or len(a.sites) * size > MAX_COLUMN_ELEMENTS:
             return None
         _, (cin, cpar) = a.columns()
-        cin = {i: cin[n] for n, i in enumerate(diff_idx)}
+        cin = {i: cin[n] for n, i in enumerate(oracle.diff_idx)}
         return (cin, cpar), a.sites
     except Exception:  # attribution is an explanation, never a reason for a check to fail
         return None

@@ -27,6 +27,12 @@ is wrong) and tests the common bug shapes in turn, from the most specific:
     oracle paths            G - R = a sparse sum of the oracle's path contributions: a path
                             missing, scaled or with the wrong sign, a matrix product's other
                             operand untransposed or a wrong cached value (checks.attribution)
+    substitutions           last: G is another tensor of the oracle's program whole (a value,
+                            an input, a gradient: returned in place of this one), or G - R is
+                            one to four substitutions: a step of the backward reading another
+                            tensor of the same shape (or 1: a factor left out) in place of its
+                            upstream gradient or of an operand of its derivative, or a step
+                            skipped (checks.substitution)
 
 A pattern fits when G and the transformed R agree to ``fit_tol`` (a few times the check's
 tolerance), normwise.  When none fits, the diagnosis says so.
@@ -42,6 +48,7 @@ import numpy as np
 from checks.attribution import fit_path_per_slice, fit_paths, representative
 from checks.legs import normwise
 from checks.localise import position, structure
+from checks.substitution import equal_to as substitution_equal, fit as substitution_fit
 
 NO_PATTERN = "no common bug pattern fits"
 FIT_FACTOR = 8  # a pattern fits when G matches it within FIT_FACTOR x the check's tolerance
@@ -175,7 +182,7 @@ def diagnose(name: str, g: np.ndarray, ref: np.ndarray, ctx: Context, tol: float
     found = ""
     for test in (_zero, _scaled, _transposed, _heads_mixed, _swapped, _masked, _repeated_ids,
                  _one_slice, _skip_dropped, _static_ignored, _paths, _upstream, _factor,
-                 _path_per_slice):
+                 _path_per_slice, _substituted):
         found = test(name, g, ref, ctx, fit)
         if found:
             break
@@ -406,6 +413,27 @@ def _path_per_slice(name, g, ref, ctx, fit):
     return (f"the path through {site.describe()} is off by a factor per {per} (constant along "
             f"{const}): the hand's error is that path's contribution times it, a wrong operand "
             f"or a missing factor inside that path")
+
+
+def _substituted(name, g, ref, ctx, fit):
+    """g - ref = the sum of one to three substitutions' columns (checks.substitution): a step
+    of the backward read another tensor of the program (a value or a gradient) in place of
+    its upstream gradient or of a product's other operand."""
+    columns = getattr(ctx.paths, "substitutions", None) if ctx.paths is not None else None
+    got = columns(name) if columns is not None else None
+    if got is None:
+        return ""
+    column, catalogue = got
+    whole = substitution_equal(g, ref, catalogue.tensors, fit)
+    if whole is not None:
+        tensor, moved = whole
+        return (f"the hand d{name} is {tensor.describe()}"
+                + (" (its axes reordered or reshaped to fit)" if moved else "")
+                + f": another tensor returned in place of d{name}")
+    found = substitution_fit(g - ref, column, catalogue.subs, ref, fit)
+    if found is None:
+        return ""
+    return "; ".join(s.describe() for s in found.subs)
 
 
 def _path_phrase(site, a, constants, rel):

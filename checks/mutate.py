@@ -53,6 +53,11 @@ HAND_KINDS = {Kind.HAND_WRONG, Kind.NO_GRADIENT, Kind.MISSHAPEN, Kind.NOT_FLOAT,
 WRONG_SHAPE = "the wrong shape: "
 PATTERNS = (
     (WRONG_SHAPE, "wrong shape"),
+    ("in place of the upstream gradient", "substituted gradient"),
+    ("in place of the other operand", "substituted operand"),
+    ("the gradient arriving at the result of", "substituted gradient"),
+    ("another tensor returned in place of", "another tensor returned"),
+    ("the gradient skips the step", "step skipped"),
     ("identically zero", "zero"),
     ("wrong sign: the gradient is -1", "sign"),
     ("scaled by a constant", "constant"),

@@ -1,0 +1,117 @@
+"""A step of a hand backward that reads the wrong tensor: the substitution columns of the oracle's
+program (checks.substitution) and the diagnosis that names the two tensors."""
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from checks.engine import check_layer
+from checks.substitution import Substitutions
+
+RNG = np.random.default_rng(7)
+X = RNG.standard_normal((3, 5))
+W = {"w": RNG.standard_normal(5), "V": RNG.standard_normal((5, 5))}
+
+
+def gated_oracle(x, params):
+    """y = tanh(x) * w, then a product with V: a value, an element-wise product, a matmul."""
+    return (jnp.tanh(x) * params["w"]) @ params["V"]
+
+
+def gated_forward(x, params):
+    t = np.tanh(x)                                        # (N, D)
+    h = t * params["w"]                                   # (N, D)
+    return h @ params["V"], (x, t, h, params)
+
+
+def gated_backward(dy, cache, *, dw_from="t", dh_from="dh", dx_is=None, gain=True):
+    x, t, h, params = cache
+    dh = dy @ params["V"].T                               # (N, D)
+    dV = h.T @ dy                                         # (D, D)
+    dt = dh * params["w"] if gain else dh                 # (N, D)
+    tensors = {"t": t, "x": x, "dh": dh, "dy": dy, "one": 1.0}
+    dw = (tensors[dh_from] * tensors[dw_from]).sum(axis=0)  # (D,)
+    dx = tensors[dx_is] if dx_is else dt * (1 - t * t)    # (N, D)
+    return dx, {"w": dw, "V": dV}
+
+
+def _check(**bug):
+    report = check_layer(gated_forward, lambda d, c: gated_backward(d, c, **bug), gated_oracle,
+                         [X], W, name="gated", input_names=("x",))
+    return report
+
+
+def test_a_correct_backward_passes_and_is_not_diagnosed():
+    report = _check()
+    assert report.ok
+    assert all(not t.diagnosis for t in report.tensors)
+
+
+def test_the_input_read_in_place_of_a_forward_value_is_named():
+    """dw = sum(dh * x) for sum(dh * tanh(x)): the product's other operand is the input x."""
+    report = _check(dw_from="x")
+    bad = {t.name: t for t in report.tensors if not t.ok}
+    assert set(bad) == {"w"}
+    text = bad["w"].diagnosis
+    assert "reads the input x in place of the other operand" in text
+    assert "`mul`" in text and "jnp.tanh(x) * params[\"w\"]" in text
+
+
+def test_a_gradient_read_in_place_of_the_step_upstream_gradient_is_named():
+    """dw = sum(dy * tanh(x)): the layer's dout where the step's own upstream gradient
+    (dh = dy V^T, the cotangent of the product) belongs."""
+    report = _check(dh_from="dy")
+    bad = {t.name: t for t in report.tensors if not t.ok}
+    assert set(bad) == {"w"}
+    text = bad["w"].diagnosis
+    assert "reads the upstream gradient dout of the layer in place of the upstream " \
+           "gradient of that step" in text
+
+
+DOUT = RNG.standard_normal((3, 5))
+
+
+@pytest.fixture(scope="module")
+def gated():
+    """The gated layer's substitutions and their columns, built once."""
+    s = Substitutions(lambda d, p: gated_oracle(d[0], p), [X], W, DOUT, ["x"])
+    return s, s.columns()
+
+
+def test_columns_are_the_hand_error_of_the_substitution_exactly(gated):
+    """The column of 'w's path reads x for tanh(x)' is sum over rows of dh (x - tanh(x)), to
+    float64 rounding; the other tensors' columns are zero (the error stays in dw)."""
+    s, (cin, cpar) = gated
+    k = next(i for i, sub in enumerate(s.subs) if sub.kind == "operand"
+             and sub.primitive == "mul" and sub.alt.kind == "input" and sub.operand == 1)
+    dh = DOUT @ W["V"].T
+    expected = np.sum(dh * (X - np.tanh(X)), axis=0)
+    np.testing.assert_allclose(cpar["w"][k], expected, rtol=0, atol=1e-12 * np.abs(expected).max())
+    assert np.all(cin[0][k] == 0) and np.all(cpar["V"][k] == 0)
+
+
+@pytest.mark.parametrize("kind", ["value", "cotangent", "operand", "skipped"])
+def test_no_substitution_replaces_a_tensor_by_itself(gated, kind):
+    """A candidate equal to the tensor it replaces would give a zero column: none is made."""
+    s, (cin, cpar) = gated
+    for k, sub in enumerate(s.subs):
+        if sub.kind == kind:
+            total = sum(float(np.abs(c[k]).max()) for c in [*cin.values(), *cpar.values()])
+            assert total > 0, sub
+
+
+def test_another_tensor_returned_whole_is_named():
+    """dx = dh (the gradient of the product's result) returned in place of dx."""
+    text = next(t for t in _check(dx_is="dh").tensors if not t.ok).diagnosis
+    assert "the hand dx is the gradient of" in text and "another tensor returned in place " \
+        "of dx" in text
+
+
+def test_a_factor_of_a_product_left_out_is_named_by_its_source():
+    """dw = sum(dh) for sum(dh * tanh(x)): the path into w reads 1 in place of the other
+    operand, tanh(x)."""
+    report = _check(dw_from="one")
+    bad = {t.name: t for t in report.tensors if not t.ok}
+    assert set(bad) == {"w"}
+    text = bad["w"].diagnosis
+    assert "reads 1 (a factor left out) in place of the other operand" in text
+    assert "of `mul`" in text and "(`jnp.tanh(x) * params[\"w\"]`)" in text
