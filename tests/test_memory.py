@@ -68,7 +68,12 @@ def test_a_check_in_chunks_of_one_sample_gives_the_spreads_of_one_pass(monkeypat
         assert 0.5 < a.tol / b.tol < 2, (a.name, a.tol, b.tol)
 
 
-@pytest.mark.parametrize("per_part", [False, True], ids=["draws-on-host", "draws-in-program"])
+# the program-per-part path, which only programs beyond PER_PART_ELEMENTS take (the whole model
+# at large sizes), compiles a program per part: seconds, the slow tier (make test-slow, CI)
+IN_PROGRAM = pytest.param(True, id="draws-in-program", marks=pytest.mark.slow)
+
+
+@pytest.mark.parametrize("per_part", [pytest.param(False, id="draws-on-host"), IN_PROGRAM])
 def test_the_kink_runs_reuse_the_spreads_draws_and_find_what_their_own_draws_find(monkeypatch,
                                                                                   per_part):
     """One set of normal draws feeds the spreads and the kink runs (the draws are the costliest
@@ -112,6 +117,7 @@ def _linear_model(seed=0):
     return Oracle(reference.linear, inputs, params, {}, [0]), rng.standard_normal((2, 6, 5))
 
 
+@pytest.mark.slow  # a program per part, compiled for each of two chunkings (see IN_PROGRAM)
 def test_a_program_per_part_draws_in_the_program_the_same_noise_in_every_chunking(monkeypatch):
     """Beyond PER_PART_ELEMENTS every part has its own program, which draws each sample's noise
     from the sample's key as it goes (no sample's draws held whole): chunks of one sample then

@@ -171,6 +171,7 @@ def test_docs_mutation_table_is_recomputed_for_one_kernel():
         assert documented[column] == got[column], (column, documented, got)
 
 
+@pytest.mark.slow  # checks the mutant of an attention kernel: seconds of compilation
 def test_a_scale_of_sizes_is_a_constant_to_mutate():
     """1 / sqrt(P) is shape arithmetic, but also the scale a derivation forgets or inverts."""
     import kernels.attention

@@ -41,6 +41,7 @@ def test_a_recurrence_under_lax_scan_is_inside_the_rounding_model(dtype):
     assert Finding.NO_ROUNDING_MODEL not in {n.finding for n in report.notes}
 
 
+@pytest.mark.slow  # the unrolled recurrence's rounding model compiles for seconds
 def test_a_uniform_1e_4_float32_error_under_a_scan_oracle_fails():
     """Before: the normwise fallback let it pass (1e-5 was caught when the maths was unrolled)."""
     from checks.wild import rnn_backward

@@ -9,6 +9,7 @@ from checks.zoo import Bug, counts, run_zoo
 from checks.zoo_foreign import BUGS, GELU, LAYERS, gelu_backward
 
 
+@pytest.mark.slow  # compiles the oracles of the four foreign layers; `python -m checks zoo` runs them
 def test_foreign_layers_are_right_with_their_own_backward_and_unknown_to_the_lab():
     assert {layer.name for layer in LAYERS}.isdisjoint(BY_NAME)
     for layer in LAYERS:
