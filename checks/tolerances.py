@@ -66,7 +66,9 @@ Notation: u is the unit roundoff of a format (2^-53 float64, 2^-24 float32, 2^-1
    samples per part), BIAS_ULPS = 2 (up to two rounded constants along a path scale a tensor
    by up to u each of the format they are held in, and the model perturbs no constant the
    oracle folds), round_S the final rounding of what the kernel returns (the ULPS term's share,
-   at most u), kink_S the kinks' bound.  A uniform error is averaged over
+   at most u), kink_S the kinks' bound.  A set carried by fewer than BIAS_MIN_ELEMENTS = 8
+   elements ((sum g^2)^2 / sum g^4: a one-element slice, a dominant class, a peaked attention
+   row) pools nothing and is left to the element-wise rule.  A uniform error is averaged over
    the whole tensor, so the test sees 10-100x smaller uniform or one-slice errors than the
    element-wise rule, whose spread per element is several u.
 
@@ -101,6 +103,8 @@ class Policy:
     FD_ELEMENTWISE_MAX: int = 256   # tensors up to this size also get element-wise FD
     BIAS_LAMBDA: float = 5.0        # the aggregate test: rms of the bias's model draws allowed
     BIAS_ULPS: float = 2.0          # ... plus this many u of the constants' format (the floor)
+    BIAS_MIN_ELEMENTS: float = 3.0  # sets carried by fewer elements ((sum g^2)^2 / sum g^4) are
+    #                                 the element-wise rule's: the 5-draw band rests on pooling
     LOW_PRECISION: str = "float32"  # the lower precision a float64 forward is recognised in
     # per half-precision format, the formats of a kernel's (results and sums, products'
     # accumulation) inside: the lab's kernels compute in float32 and round once what they

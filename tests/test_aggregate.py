@@ -1,6 +1,5 @@
 """The aggregate test (checks.aggregate): the bias of the hand error along autodiff's gradient,
 over the whole tensor and every slice, against the rounding model's own samples."""
-import math
 import re
 
 import jax.numpy as jnp
@@ -43,11 +42,8 @@ def test_a_band_is_its_floor_and_final_rounding_without_model_noise_plus_its_kin
     zero = aggregate.bands(np.zeros(sets), np.zeros_like(g), g, 0.0, floor_u=U32,
                            final_u=U32, policy=p)
     n = aggregate.slice_sums(np.ones_like(g))  # elements per set: 12, then 3 (rows), 4 (columns)
-    rounding = np.sqrt(n) * U32 / math.sqrt(3) / n
-    # the final rounding: ULPS of its rms, never more than u (|r_i| <= u |g_i|)
-    np.testing.assert_allclose(zero.band, p.BIAS_ULPS * U32 + np.minimum(p.ULPS * rounding, U32),
-                               rtol=1e-12)
-    assert zero.band[1] == pytest.approx((p.BIAS_ULPS + 1) * U32)  # a row of 3: u bounds it
+    # the final rounding: its bound u (|r_i| <= u |g_i|), whatever the roundings' correlation
+    np.testing.assert_allclose(zero.band, (p.BIAS_ULPS + 1) * U32, rtol=1e-12)
     moved = np.zeros_like(g)
     moved[1, 2] = 0.3  # one element within rounding of a kink may move by 0.3
     kinked = aggregate.bands(np.zeros(sets), np.zeros_like(g), g, moved, floor_u=U32,
