@@ -107,6 +107,12 @@ def slice_mask(shape, k) -> tuple:
     raise IndexError(f"set {k}: a tensor of shape {shape} has {slice_count(shape)} sets")
 
 
+def pools(g2, g4, policy):
+    """Per set, from its sum g^2 and sum g^4: is it carried by at least BIAS_MIN_ELEMENTS
+    elements, (sum g^2)^2 / sum g^4, so that the aggregate test judges it?"""
+    return (g2 > 0) & (g2 ** 2 >= policy.BIAS_MIN_ELEMENTS * g4)
+
+
 class Bands(NamedTuple):
     """The aggregate test of one tensor: per set (``slice_sums``' order), sum g^2 and the band
     of b; sets with sum g^2 = 0, or carried by fewer than BIAS_MIN_ELEMENTS elements, have an
@@ -138,8 +144,8 @@ def bands(projection_rms, element_rms, g, moved, *, floor_u, final_u, policy) ->
         # a set carried by a few elements (a slice of one element, a dominant class's logit, a
         # peaked attention row) pools nothing: its errors are the element-wise rule's to judge,
         # at LAMBDA (calibration in float16: such sets failed at up to 2e3 times this band)
-        pooled = g2 ** 2 >= policy.BIAS_MIN_ELEMENTS * slice_sums(g ** 4)
-    band = np.where((g2 > 0) & pooled, band, np.inf)
+        judged = pools(g2, slice_sums(g ** 4), policy)
+    band = np.where(judged, band, np.inf)
     return Bands(g2, band)
 
 

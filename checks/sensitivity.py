@@ -7,6 +7,8 @@ no leg runs again):
     tensor   g * (1 + eps) everywhere (a wrong constant, a missing 1 - rate ...)
     slice    g * (1 + eps) on one index of one axis (a row, a head, a token), the others exact
              (tensors of rank 2 or more: a vector's slice is an element)
+             (a tensor or slice carried by fewer than BIAS_MIN_ELEMENTS elements pools nothing
+             for the aggregate test: the element pattern measures it)
     element  g_i * (1 + eps) at one element
 
 The injected gradient is rounded to the checked dtype, as a kernel's own would be.  For the
@@ -37,6 +39,8 @@ import math
 import numpy as np
 
 from checks.parallel import map_tasks
+from checks.aggregate import pools
+from checks.tolerances import DEFAULT
 
 PATTERNS = ("tensor", "slice", "element")
 LOG_RANGE = (-17.0, 0.0)   # eps searched in [1e-17, 1]
@@ -61,21 +65,10 @@ KNOWN_GAPS = {
     ("model", "float32", "registry", "tensor"): "a composition's gradients carry every layer's "
                                                 "rounding (6.6e-6 for a whole tensor)",
     ("model", "float32", "registry", "slice"): "the same, for one slice (3.6e-5)",
-    ("qknorm-mhca", "float32", "registry", "tensor"): "the gains gq, gk: slices of H = 2 "
-                                                      "elements pool nothing and are left to the "
-                                                      "element rule (BIAS_MIN_ELEMENTS): 7.1e-6",
-    ("qknorm-mhca", "float32", "registry", "slice"): "the QK-norm gains' slices have H = 2 "
-                                                     "elements, each a sum over every token: an "
-                                                     "element's spread (2.4e-5)",
     # the whole model at the registry's tiny widths in half precision: pre-activations within
     # rounding of leaky ReLU's kink widen those elements' tolerances by a branch flip's move
     ("model", "float16", "registry", "tensor"): "kinks within half-precision rounding (0.43)",
     ("model", "bfloat16", "registry", "tensor"): "the same (not caught at 1)",
-    # the final rounding's share of the aggregate band is its bound, u, whatever the roundings'
-    # correlation (checks.aggregate): a whole small vector's band grows by u
-    ("ff", "float32", "registry", "tensor"): "b2, D elements: 3.3e-6 with the final rounding's "
-                                             "bound u in its aggregate band",
-    ("layernorm", "float32", "registry", "tensor"): "g, D elements: 3.1e-6, the same",
     ("linear", "float32", "large", "tensor"): "db sums dout over B T = 2048 tokens, which the "
                                               "rounding model charges sqrt(1 + log2 k) sum|terms|"
                                               ", about sqrt(k) times a real sum's error for "
@@ -117,12 +110,22 @@ def _typical(magnitudes):
     return np.flatnonzero(magnitudes >= FLOOR * np.median(nonzero))
 
 
+def _pools(rows):
+    """Per row of ``rows`` (..., N): is it carried by enough elements for the aggregate test to
+    judge it ((sum g^2)^2 >= BIAS_MIN_ELEMENTS sum g^4, ``checks.aggregate``)?  A region that
+    pools nothing is an element's question: the element pattern measures it."""
+    return pools(np.sum(rows ** 2, axis=-1), np.sum(rows ** 4, axis=-1), DEFAULT)
+
+
 def _slices(g):
-    """Along every axis, the typical slice with the smallest norm (the hardest to see).  A slice
-    fixes one index of a tensor of rank 2 or more; a vector's slice would be an element."""
+    """Along every axis, the typical slice with the smallest norm (the hardest to see), among
+    the slices that pool (``_pools``).  A slice fixes one index of a tensor of rank 2 or more;
+    a vector's slice would be an element."""
     for axis in range(g.ndim if g.ndim >= 2 else 0):
-        norms = np.sqrt(np.sum(np.moveaxis(g, axis, 0).reshape(g.shape[axis], -1) ** 2, axis=1))
+        rows = np.moveaxis(g, axis, 0).reshape(g.shape[axis], -1)
+        norms = np.sqrt(np.sum(rows ** 2, axis=1))
         keep = _typical(norms)
+        keep = keep[_pools(rows)[keep]]
         if keep.size == 0:
             continue
         index = int(keep[np.argmin(norms[keep])])
@@ -145,7 +148,7 @@ def _elements(g):
 
 def _regions(pattern, g):
     if pattern == "tensor":
-        return [("whole", (Ellipsis,))]
+        return [("whole", (Ellipsis,))] if _pools(g.reshape(-1)) else []
     return list(_slices(g) if pattern == "slice" else _elements(g))
 
 
@@ -162,6 +165,8 @@ class Sensitivity:
 
     @property
     def goal(self) -> float | None:
+        if self.baseline_ok and not self.where:  # no tensor or slice pools: no such set
+            return None
         if self.layer in COMPOSITIONS and self.dtype in ("float16", "bfloat16"):
             return COMPOSED_GOALS.get((self.dtype, self.pattern))
         return GOALS.get((self.dtype, self.pattern))
@@ -246,7 +251,8 @@ def format_sensitivity(results) -> str:
     rows = [(s.layer, s.dtype, s.sizes, s.pattern,
              _eps(s.eps) if s.baseline_ok else "(correct kernel failed)",
              "" if s.goal is None else f"{s.goal:.0e}",
-             "" if s.met is None else ("yes" if s.met else "NO"), s.where) for s in results]
+             "" if s.met is None else ("yes" if s.met else "NO"),
+             s.where or "(none pools: see element)") for s in results]
     return _table(head, rows)
 
 

@@ -40,6 +40,14 @@ def _check(**bug):
     return report
 
 
+def _only_w_fails(**bug):
+    """The diagnosis of the one failing tensor, w, of ``_check(**bug)``."""
+    report = _check(**bug)
+    bad = {t.name: t for t in report.tensors if not t.ok}
+    assert set(bad) == {"w"}, str(report)
+    return bad["w"].diagnosis
+
+
 def test_a_correct_backward_passes_and_is_not_diagnosed():
     report = _check()
     assert report.ok
@@ -48,10 +56,7 @@ def test_a_correct_backward_passes_and_is_not_diagnosed():
 
 def test_the_input_read_in_place_of_a_forward_value_is_named():
     """dw = sum(dh * x) for sum(dh * tanh(x)): the product's other operand is the input x."""
-    report = _check(dw_from="x")
-    bad = {t.name: t for t in report.tensors if not t.ok}
-    assert set(bad) == {"w"}
-    text = bad["w"].diagnosis
+    text = _only_w_fails(dw_from="x")
     assert "reads the input x in place of the other operand" in text
     assert "`mul`" in text and "jnp.tanh(x) * params[\"w\"]" in text
 
@@ -59,10 +64,7 @@ def test_the_input_read_in_place_of_a_forward_value_is_named():
 def test_a_gradient_read_in_place_of_the_step_upstream_gradient_is_named():
     """dw = sum(dy * tanh(x)): the layer's dout where the step's own upstream gradient
     (dh = dy V^T, the cotangent of the product) belongs."""
-    report = _check(dh_from="dy")
-    bad = {t.name: t for t in report.tensors if not t.ok}
-    assert set(bad) == {"w"}
-    text = bad["w"].diagnosis
+    text = _only_w_fails(dh_from="dy")
     assert "reads the upstream gradient dout of the layer in place of the upstream " \
            "gradient of that step" in text
 
@@ -109,9 +111,6 @@ def test_another_tensor_returned_whole_is_named():
 def test_a_factor_of_a_product_left_out_is_named_by_its_source():
     """dw = sum(dh) for sum(dh * tanh(x)): the path into w reads 1 in place of the other
     operand, tanh(x)."""
-    report = _check(dw_from="one")
-    bad = {t.name: t for t in report.tensors if not t.ok}
-    assert set(bad) == {"w"}
-    text = bad["w"].diagnosis
+    text = _only_w_fails(dw_from="one")
     assert "reads 1 (a factor left out) in place of the other operand" in text
     assert "of `mul`" in text and "(`jnp.tanh(x) * params[\"w\"]`)" in text
