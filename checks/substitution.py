@@ -49,6 +49,9 @@ PRODUCTS = {"mul", "div", "dot_general", "pow", "max", "min", "atan2"}  # two op
 MAX_PERMUTATIONS = 3         # axis orders tried per tensor besides its own
 MAX_CANDIDATES = 64          # per site: the latest values and cotangents of the right shape
 MAX_COLUMN_ELEMENTS = 2e7    # columns x gradient elements
+MAX_COTANGENT_WORK = 2e8     # substitutions x their cotangents' elements: the backward passes
+#                              ``columns`` runs, seconds at most on two cores
+CHUNK_ELEMENTS = 2 ** 22     # cotangent elements held at once (32 MiB in float64)
 MAX_TERMS = 4                # substitutions combined at most (two constants swapped in two
 #                              products each: four)
 PAIRS, TRIPLES = 48, 20      # the columns most correlated with the error tried in pairs, triples
@@ -330,6 +333,11 @@ class Substitutions:
                 subs.append(Sub("value", name, -1, arity, r.where, r.text, r.order, alt))
         return subs, plan
 
+    def cotangent_elements(self):
+        """Elements of one substitution's cotangents (every slot): with the number of
+        substitutions, the work of ``columns`` (one backward pass each)."""
+        return sum(int(np.prod(np.shape(items[0][1]))) for items in self.plan.values())
+
     def columns(self):
         """(inputs' columns {index: (n, ...)}, params' columns {name: (n, ...)}) of every
         substitution, in the order of ``subs``: the inputs' gradients when its slot receives
@@ -363,20 +371,27 @@ class Substitutions:
                 return outs
             _interpret(closed.jaxpr, closed.consts, flat, active, hook)
             return got
-        stacked = []
-        for slot in slots:
-            items = self.plan[slot]
-            D = np.zeros((n,) + np.shape(items[0][1]))
-            for k, d in items:
-                D[k] = d
-            stacked.append(jnp.asarray(D))
+        shapes = [np.shape(self.plan[slot][0][1]) for slot in slots]
+        # a chunk of substitutions at a time: each one's cotangents fill every slot (zeros but
+        # its own), so the chunk is sized by the slots' elements, one compiled program for all
+        size = self.cotangent_elements()
+        chunk = int(min(n, max(1, CHUNK_ELEMENTS // max(size, 1))))
 
         def run(args, stacked):
             _, back = jax.vjp(values, *args)
             return jax.vmap(back)(stacked)
-        cin, cpar = jax.jit(run)(self.args, stacked)
-        cin = {i: np.array(c) for i, c in enumerate(cin)}
-        cpar = {k: np.array(c) for k, c in cpar.items()}
+        run = jax.jit(run)
+        parts = []
+        for start in range(0, n, chunk):
+            stacked = [np.zeros((chunk,) + shape) for shape in shapes]
+            for D, slot in zip(stacked, slots):
+                for k, d in self.plan[slot]:
+                    if start <= k < start + chunk:
+                        D[k - start] = d
+            parts.append(jax.tree_util.tree_map(np.asarray, run(self.args, stacked)))
+        cin, cpar = jax.tree_util.tree_map(lambda *c: np.concatenate(c)[:n], *parts)
+        cin = dict(enumerate(cin))
+        cpar = dict(cpar)
         # a substitution whose derivative is not finite there (a division by a zero of the
         # tensor read in place of a denominator) explains nothing: its column is zero
         finite = np.ones(n, bool)
@@ -486,7 +501,8 @@ def _build_now(oracle, dout, names):
         diff_idx = oracle.diff_idx
         s = Substitutions(fn, diff_values, oracle.params, dout,
                           [names.get(i, f"input {i}") for i in diff_idx])
-        if len(s.records) > MAX_EQUATIONS or len(s.subs) * size > MAX_COLUMN_ELEMENTS:
+        if (len(s.records) > MAX_EQUATIONS or len(s.subs) * size > MAX_COLUMN_ELEMENTS
+                or len(s.subs) * s.cotangent_elements() > MAX_COTANGENT_WORK):
             return None
         got = s.columns()
         if got is None:

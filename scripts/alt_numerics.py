@@ -12,6 +12,9 @@ rounding noise fails on the developer's machine instead of on a user's:
   narrower vectors, which changes their summation order;
 - XLA's CPU code generation limited to SSE4.2 on x86-64 (``--xla_cpu_max_isa``): the oracle's and
   the rounding model's reductions are vectorised differently;
+- XLA's newer CPU emitters for fused element-wise work (``--xla_cpu_use_fusion_emitters=true``,
+  XLA's default, which the fast suite turns off to compile faster): their loops and vector
+  widths differ from the older emitters';
 - one BLAS thread (``OPENBLAS_NUM_THREADS``/``OMP_NUM_THREADS``), so products are blocked for one
   core.
 
@@ -33,6 +36,8 @@ def alt_environment() -> dict[str, str]:
         env["NPY_DISABLE_CPU_FEATURES"] = " ".join(enabled)
     if platform.machine().lower() in ("x86_64", "amd64"):
         env["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_max_isa=SSE4_2").strip()
+    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))
+                        + " --xla_cpu_use_fusion_emitters=true").strip()
     return env
 
 

@@ -91,6 +91,19 @@ def test_columns_are_the_hand_error_of_the_substitution_exactly(gated):
     assert np.all(cin[0][k] == 0) and np.all(cpar["V"][k] == 0)
 
 
+def test_columns_built_a_few_substitutions_at_a_time_are_the_same(gated, monkeypatch):
+    """Chunks of one or three substitutions (the last one padded) give the columns of one chunk:
+    which substitutions share a run changes nothing but the memory held."""
+    import checks.substitution as substitution
+    s, (cin, cpar) = gated
+    for elements in (1, 3 * s.cotangent_elements()):
+        monkeypatch.setattr(substitution, "CHUNK_ELEMENTS", elements)
+        cin2, cpar2 = s.columns()
+        for a, b in [*zip(cin.values(), cin2.values()), *zip(cpar.values(), cpar2.values())]:
+            assert a.shape == b.shape
+            np.testing.assert_allclose(b, a, rtol=1e-12, atol=1e-14 * np.abs(a).max())
+
+
 @pytest.mark.parametrize("kind", ["value", "cotangent", "operand", "skipped"])
 def test_no_substitution_replaces_a_tensor_by_itself(gated, kind):
     """A candidate equal to the tensor it replaces would give a zero column: none is made."""
