@@ -12,8 +12,8 @@ compilation and a peak is that process's own maximum resident memory (``ru_maxrs
 * whole model (registry row ``model``, MODEL_DTYPE) at MODEL_SIZES: the registry's size and
   the bench's large training step (B 32, T 64, D 256, H 8, F 1024: ``checks.registry.model_at``,
   the row's own widths being D 6, H 2, F 8): time, peak memory, verdict and the machine's load
-  average (1 min) before and after.  A child whose resident memory passes MEMORY_CAP is stopped
-  (the machine is shared) and reported so.
+  average (1 min) before and after.  A child whose resident memory passes MEMORY_CAP or whose
+  time passes TIME_CAP is stopped (the machine is shared) and reported so.
 
 ``python -m experiments.checker_cost [--no-peers] [--no-layer]`` prints the tables alone.
 """
@@ -37,6 +37,8 @@ MODEL_SIZES = {"registry": {}, "large": {"B": 32, "T": 64, "D": 256, "H": 8, "F"
 WIDTHS = ("D", "H", "F")
 MODEL_DTYPE = "float32"
 MEMORY_CAP = 16 * 2 ** 30  # bytes of resident memory a child may reach before it is stopped
+TIME_CAP = 600.0           # seconds a child may run before it is stopped (the target is 30 s:
+#                            a check 20x over it is reported as such, not waited for)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -130,19 +132,23 @@ def _rss(pid) -> int:
 
 def in_child(function: str, env=None, **kwargs) -> dict:
     """checker_cost.function(**kwargs) in a fresh process: its JSON result, or {"error": ...}
-    (also when its resident memory passes MEMORY_CAP, polled where /proc exists)."""
+    (also when its resident memory passes MEMORY_CAP, polled where /proc exists, or its time
+    passes TIME_CAP)."""
     code = ("import json, sys; from experiments import checker_cost as c; "
             f"print(json.dumps(c.{function}(**json.loads(sys.argv[1]))))")
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         child = subprocess.Popen([sys.executable, "-c", code, json.dumps(kwargs)], cwd=ROOT,
                                  env=env, stdout=out, stderr=err, text=True)
-        peak = 0
+        peak, start = 0, time.perf_counter()
         while child.poll() is None:
             peak = max(peak, _rss(child.pid))
-            if peak > MEMORY_CAP:
+            stop = (f"stopped above {MEMORY_CAP / 2 ** 30:.3g} GiB of memory" if peak > MEMORY_CAP
+                    else f"stopped after {TIME_CAP:.3g} s"
+                    if time.perf_counter() - start > TIME_CAP else None)
+            if stop:
                 child.kill()
                 child.wait()
-                return {"error": f"stopped above {MEMORY_CAP / 2 ** 30:.3g} GiB of memory"}
+                return {"error": stop}
             time.sleep(0.1)
         out.seek(0), err.seek(0)
         if child.returncode:

@@ -73,7 +73,7 @@ def test_with_a_forced_core_type_the_steps_are_timed_under_both_settings(tmp_pat
     import sys
     subprocess.run([sys.executable, "-m", "experiments", "bench", "--sizes", "article",
                     "--repeats", "1", "--warmup", "0", "--no-layers", "--no-shares", "--no-extras",
-                    "--no-half", "--no-peers"], capture_output=True, text=True, check=True,
+                    "--no-half", "--no-peers", "--no-checker"], capture_output=True, text=True, check=True,
                    env={**os.environ, "OPENBLAS_CORETYPE": "Haswell", "GRADLAB_RESULTS": str(tmp_path)})
     saved = json.loads((tmp_path / "bench" / "bench.json").read_text())
     assert saved["environment"]["env"]["OPENBLAS_CORETYPE"] == "Haswell"
@@ -102,6 +102,14 @@ def test_a_child_above_the_memory_cap_is_stopped(monkeypatch):
     monkeypatch.setattr(checker_cost, "MEMORY_CAP", 2 ** 20)  # 1 MiB: any Python process passes it
     r = checker_cost.in_child("model_check_cost", sizes={})
     assert r == {"error": f"stopped above {2 ** 20 / 2 ** 30:.3g} GiB of memory"}
+
+
+@pytest.mark.slow
+def test_a_child_past_the_time_cap_is_stopped(monkeypatch):
+    from experiments import checker_cost
+    monkeypatch.setattr(checker_cost, "TIME_CAP", 0.5)  # the model check's imports take longer
+    r = checker_cost.in_child("model_check_cost", sizes={})
+    assert r == {"error": "stopped after 0.5 s"}
 
 
 def test_checker_targets_are_judged_on_the_measured_figures():

@@ -121,7 +121,13 @@ def _linear_model(seed=0):
 def test_a_program_per_part_draws_in_the_program_the_same_noise_in_every_chunking(monkeypatch):
     """Beyond PER_PART_ELEMENTS every part has its own program, which draws each sample's noise
     from the sample's key as it goes (no sample's draws held whole): chunks of one sample then
-    give the spreads of one pass of 16, to the float64 sums' rounding, not only statistically."""
+    give the spreads of one pass of 16 to the draws' own rounding, not only statistically.
+
+    The draws are float32 normals made in the program; XLA may compile the sampler's
+    transcendental functions differently for a batch of one sample and of 16 (a vector loop and
+    its scalar tail), which moves a draw by a float32 ulp (6e-8 relative) and a spread by about
+    1e-8: rtol 1e-6 allows that and nothing else, other draws would move a spread of 16 samples
+    by some 25 % (1/sqrt(16))."""
     from checks import legs
     monkeypatch.setattr(rounding, "PER_PART_ELEMENTS", 0)
     spreads = []
@@ -135,7 +141,7 @@ def test_a_program_per_part_draws_in_the_program_the_same_noise_in_every_chunkin
         spreads.append([out, d_in[0], d_params["W"], d_params["b"]])
     for a, b in zip(*spreads):
         for part_a, part_b in zip(a[:6] + a.bias[:6], b[:6] + b.bias[:6]):  # elements, biases
-            np.testing.assert_allclose(part_a, part_b, rtol=1e-9, atol=0)
+            np.testing.assert_allclose(part_a, part_b, rtol=1e-6, atol=0)
         assert np.all(a.at(1.0, 1.0, 1.0) > 0)  # every element spreads (nothing left out)
 
 
