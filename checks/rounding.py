@@ -196,6 +196,17 @@ class RoundingModel:
         return _eval(self.closed.jaxpr, self.closed.consts, flat, self.backward_in, noise,
                      where="between" if self.layered else "inside")
 
+    def margins(self, flat):
+        """Every comparison's margin at the arguments flat, in program order (an exact run,
+        compiled once per model): where its sign changes, the program takes another branch."""
+        if getattr(self, "_margins_run", None) is None:
+            def run(flat):
+                preds = []
+                self._eval(flat, _Noise("exact", None, preds=preds))
+                return preds
+            self._margins_run = jax.jit(run)
+        return self._margins_run(flat)
+
     def _amplitudes(self, flat):
         """(the exact run's outputs, the kept amplitudes (``self.kept``) in program order, every
         comparison's margin): one exact run, made once per ``spread`` or ``kinks`` and not

@@ -66,3 +66,43 @@ def test_one_element_x1_5_beside_hundreds_of_kinks_is_the_hands(seed, tensor):
     """The kink allowance does not swallow a localised bug in the same case."""
     from checks.calibrate_wild import Task, run_task
     assert run_task(Task("plain ff", "bfloat16", "article", seed, "x1.5", tensor))[1] == "hand"
+
+
+def _leaky_relu_with_kinks_in_the_step(n_at_kink=5, seed=0):
+    """float64 leaky ReLU on 64k plain draws, n_at_kink of them at 1e-12: inside the finite
+    differences' step (about 5e-6 times the draws' rms along a unit direction) but far outside
+    float64 rounding of the kink, so only the step crosses it."""
+    x = np.random.default_rng(seed).standard_normal((4, 16, 1024))
+    x.reshape(-1)[np.arange(n_at_kink) * 9973] = 1e-12
+    return x
+
+
+@pytest.mark.slow  # 2 M elements: 15 s
+def test_a_kink_inside_the_fd_step_sets_fd_aside_when_hand_and_autodiff_agree():
+    """The registry's leaky ReLU at the bench's large size in float64, plain draws: before, "hand
+    and autodiff agree, finite differences disagree with both", a FAIL of a correct kernel (4 to
+    6 of 2 M elements within the step along each direction, whose second differences stay
+    under the kink test's threshold).  The crossing is now read from the oracle's comparisons."""
+    from checks.calibrate import LARGE
+    from checks.registry import BY_NAME, run_row
+    report = run_row(BY_NAME["leaky_relu"], np.float64, seed=0, sizes=LARGE)
+    assert report.ok, str(report)
+    x = next(t for t in report.tensors if t.name == "x")
+    assert x.hand_vs_autodiff == 0.0
+    if x.verdict.kind is not Kind.OK:  # FD disagreed: set aside for the kink, not failed
+        assert x.verdict.kind is Kind.FD_SET_ASIDE and "not smooth" in x.verdict.detail
+
+
+def test_the_fd_step_crossing_a_kink_is_found_from_the_oracles_comparisons():
+    from checks.legs import FiniteDifferences, Measured, Oracle
+    x = _leaky_relu_with_kinks_in_the_step()
+    dout = np.random.default_rng(1).standard_normal(x.shape)
+    oracle = Oracle(reference.leaky_relu, [x], {}, {}, [0])
+    fd = FiniteDifferences(kernels.leaky_relu_forward, [x], {}, {}, dout, oracle=oracle)
+    v = np.random.default_rng(2).standard_normal(x.shape)
+    v /= np.sqrt(np.mean(v * v))  # unit rms, as the checker draws them
+    measured = Measured([v], [0.0], [0.0], None, None)
+    size = float(np.sqrt(np.mean(x * x)))
+    assert fd._branches_within_step(0, x, measured, size)
+    clear = np.where(np.abs(x) < 1e-3, 1.0, x)  # every draw far from the kink: no crossing
+    assert not fd._branches_within_step(0, clear, measured, size)
