@@ -197,15 +197,9 @@ class RoundingModel:
                      where="between" if self.layered else "inside")
 
     def margins(self, flat):
-        """Every comparison's margin at the arguments flat, in program order (an exact run,
-        compiled once per model): where its sign changes, the program takes another branch."""
-        if getattr(self, "_margins_run", None) is None:
-            def run(flat):
-                preds = []
-                self._eval(flat, _Noise("exact", None, preds=preds))
-                return preds
-            self._margins_run = jax.jit(run)
-        return self._margins_run(flat)
+        """Every comparison's margin at the arguments flat, in program order: where its sign
+        changes, the program takes another branch (the exact run ``spread`` compiled)."""
+        return self._amplitudes_run(flat)[2]
 
     def _amplitudes(self, flat):
         """(the exact run's outputs, the kept amplitudes (``self.kept``) in program order, every

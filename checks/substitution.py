@@ -381,13 +381,15 @@ class Substitutions:
             _, back = jax.vjp(values, *args)
             return jax.vmap(back)(stacked)
         run = jax.jit(run)
+        by_chunk = collections.defaultdict(list)  # chunk -> (slot, row in the chunk, cotangent)
+        for j, slot in enumerate(slots):
+            for k, d in self.plan[slot]:
+                by_chunk[k // chunk].append((j, k % chunk, d))
         parts = []
-        for start in range(0, n, chunk):
-            stacked = [np.zeros((chunk,) + shape) for shape in shapes]
-            for D, slot in zip(stacked, slots):
-                for k, d in self.plan[slot]:
-                    if start <= k < start + chunk:
-                        D[k - start] = d
+        for c in range(-(-n // chunk)):
+            stacked = [np.zeros((chunk,) + shape) for shape in shapes]  # the last one padded
+            for j, row, d in by_chunk[c]:
+                stacked[j][row] = d
             parts.append(jax.tree_util.tree_map(np.asarray, run(self.args, stacked)))
         cin, cpar = jax.tree_util.tree_map(lambda *c: np.concatenate(c)[:n], *parts)
         cin = dict(enumerate(cin))

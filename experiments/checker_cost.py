@@ -142,9 +142,11 @@ def in_child(function: str, env=None, **kwargs) -> dict:
         peak, start = 0, time.perf_counter()
         while child.poll() is None:
             peak = max(peak, _rss(child.pid))
-            stop = (f"stopped above {MEMORY_CAP / 2 ** 30:.3g} GiB of memory" if peak > MEMORY_CAP
-                    else f"stopped after {TIME_CAP:.3g} s"
-                    if time.perf_counter() - start > TIME_CAP else None)
+            stop = None
+            if peak > MEMORY_CAP:
+                stop = f"stopped above {MEMORY_CAP / 2 ** 30:.3g} GiB of memory"
+            elif time.perf_counter() - start > TIME_CAP:
+                stop = f"stopped after {TIME_CAP:.3g} s"
             if stop:
                 child.kill()
                 child.wait()

@@ -73,7 +73,8 @@ def test_with_a_forced_core_type_the_steps_are_timed_under_both_settings(tmp_pat
     import sys
     subprocess.run([sys.executable, "-m", "experiments", "bench", "--sizes", "article",
                     "--repeats", "1", "--warmup", "0", "--no-layers", "--no-shares", "--no-extras",
-                    "--no-half", "--no-peers", "--no-checker"], capture_output=True, text=True, check=True,
+                    "--no-half", "--no-peers", "--no-checker"],  # the steps only
+                   capture_output=True, text=True, check=True,
                    env={**os.environ, "OPENBLAS_CORETYPE": "Haswell", "GRADLAB_RESULTS": str(tmp_path)})
     saved = json.loads((tmp_path / "bench" / "bench.json").read_text())
     assert saved["environment"]["env"]["OPENBLAS_CORETYPE"] == "Haswell"

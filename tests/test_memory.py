@@ -123,11 +123,11 @@ def test_a_program_per_part_draws_in_the_program_the_same_noise_in_every_chunkin
     from the sample's key as it goes (no sample's draws held whole): chunks of one sample then
     give the spreads of one pass of 16 to the draws' own rounding, not only statistically.
 
-    The draws are float32 normals made in the program; XLA may compile the sampler's
-    transcendental functions differently for a batch of one sample and of 16 (a vector loop and
-    its scalar tail), which moves a draw by a float32 ulp (6e-8 relative) and a spread by about
-    1e-8: rtol 1e-6 allows that and nothing else, other draws would move a spread of 16 samples
-    by some 25 % (1/sqrt(16))."""
+    The draws are float32 normals made in the program. Compiled with XLA's older CPU emitters
+    (the suite's default, tests/conftest.py) the two chunkings' spreads differed by up to 1.7e-8
+    relative (measured), the size of a float32 ulp (6e-8) in a few draws: the same draws,
+    compiled for a batch of one and of 16.  rtol 1e-6 allows that and nothing else: other draws
+    would move a spread of 16 samples by some 25 % (1/sqrt(16))."""
     from checks import legs
     monkeypatch.setattr(rounding, "PER_PART_ELEMENTS", 0)
     spreads = []

@@ -61,6 +61,21 @@ def test_the_input_read_in_place_of_a_forward_value_is_named():
     assert "`mul`" in text and "jnp.tanh(x) * params[\"w\"]" in text
 
 
+def test_past_the_work_cap_no_substitution_is_searched_and_the_bug_is_still_the_hands(
+        monkeypatch):
+    """Substitutions x cotangent elements above MAX_COTANGENT_WORK (an attention layer at the
+    article's size: 942 x 755,712) are not searched: the check still fails w on the hand,
+    without naming the substitution the search names below the cap."""
+    import checks.substitution as substitution
+    from checks.verdict import Kind
+    monkeypatch.setattr(substitution, "MAX_COTANGENT_WORK", 0)
+    monkeypatch.setattr(substitution, "_BUILT", substitution.collections.OrderedDict())
+    report = _check(dw_from="x")
+    bad = {t.name: t for t in report.tensors if not t.ok}
+    assert set(bad) == {"w"} and bad["w"].verdict.kind is Kind.HAND_WRONG, str(report)
+    assert "reads the input x" not in bad["w"].diagnosis
+
+
 def test_a_gradient_read_in_place_of_the_step_upstream_gradient_is_named():
     """dw = sum(dy * tanh(x)): the layer's dout where the step's own upstream gradient
     (dh = dy V^T, the cotangent of the product) belongs."""
