@@ -156,6 +156,14 @@ class Oracle:
         model, (values, others, params, arrays, d) = self._model(dout)
         if not model.has_branches:
             return []
+        here = self.inputs[key] if isinstance(key, int) else self.params[key]
+        if np.array_equal(np.asarray(x), np.asarray(here)):  # the case's own point: the same
+            memo = getattr(self, "_signs_here", None)        # signs for every tensor
+            if memo is None or not np.array_equal(memo[0], dout):
+                flat = jax.tree_util.tree_leaves((values, others, params, arrays, d))
+                memo = self._signs_here = (np.array(dout), [np.sign(np.asarray(m))
+                                                            for m in model.margins(flat)])
+            return memo[1]
         if isinstance(key, int):
             values = list(values)
             values[self.diff_idx.index(key)] = jnp.asarray(x)

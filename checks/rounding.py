@@ -48,18 +48,22 @@ its sums, and the inputs — so a kernel that rounds its results to float16 but 
 float32, or whose forward runs in a lower precision than its backward, is modelled part by part
 (``Spread.at``).
 
-Each part's samples run under ``jax.vmap`` in one program, compiled once per oracle and shape
-and called once per part and chunk of samples (a program per part for a large program, whose
-unperturbed operations then run once for all samples): the chunk is sized from the memory the
-machine has (``memory_budget``: a quarter of what is available, or $GRADLAB_MEMORY_BUDGET), so a
-large model runs its 16 samples in a few passes instead of failing.  A small program's draws
-are made on the host, once per chunk for every part, and every amplitude comes from one exact
-run.  A program per part draws its noise inside the program (``jax.random``: one vector per
-sample and part, sliced among the part's operations), so a sample's draws are never held for
-all parts at once (except in the kink runs) and are the same whatever chunk it runs in; only
-the amplitudes of sums' accumulations (sum|terms|, a second product for a matrix product) come
-from the exact run, every other amplitude is the result's own |value|, taken in the perturbed
-run itself (equal to first order in u).  The kink runs take the same draws as the spreads.
+A small program's samples run under ``jax.vmap`` in one program, compiled once per oracle and
+shape and called once per part and chunk of samples: the chunk is sized from the memory the
+machine has (``memory_budget``: a quarter of what is available, or $GRADLAB_MEMORY_BUDGET); its
+draws are made on the host, once per chunk for every part, and every amplitude comes from one
+exact run.  A large program (beyond LARGE_ELEMENTS recorded elements: the whole model at the
+bench's size) runs one sample per call of one compiled program, in which every part's noise
+scale is an argument: where the check's roundoffs are known (they are, before any finding), all
+parts are perturbed at once at those roundoffs, errors of independent parts adding in variance,
+so each sample is one run instead of six (``Spread``'s combined form, which computes the spread
+part by part only if other roundoffs are asked for).  Its noise is sliced from one pool of
+normal draws at random offsets with random signs (``_pool_noise``: the same expected squared
+deviations as independent draws, where a random-number call per operation costs more than the
+run); only the amplitudes of sums' accumulations (sum|terms|, a second product for a matrix
+product) come from the exact run, every other amplitude is the result's own |value|, taken in
+the perturbed run itself (equal to first order in u).  The kink runs take the same draws as the
+spreads.
 
 Kinks: every comparison of the program (``PREDICATES``, max and min) has a margin (the
 difference of its operands); its spread under the check's own roundoffs comes from the same
@@ -88,7 +92,8 @@ MEMORY_FRACTION = 4              # by default a chunk takes at most 1/4 of the a
 MEMORY_UNKNOWN = 2 ** 31         # the budget where the available memory cannot be read
 BYTES_PER_SAMPLE_ELEMENT = 16    # per sample and recorded element: its float64 value and the
 #                                  values the program keeps beside it (broadcasts, transposes)
-PER_PART_ELEMENTS = 2 ** 22      # recorded elements beyond which each part gets its own program
+LARGE_ELEMENTS = 2 ** 22         # recorded elements beyond which a program runs a sample at a time
+POOL = 2 ** 24                   # normal draws a large program's noise is sliced from (_pool_noise)
 PARTS = ("forward", "forward_sums", "backward", "backward_sums", "inputs", "format")
 
 EXACT = {"neg", "abs", "sign", "max", "min", "select_n", "reshape", "transpose",
@@ -120,7 +125,13 @@ class Unsupported(Exception):
 
 
 class Spread(NamedTuple):
-    """Root-mean-square deviation per element and part of the program, at roundoff U_SIM."""
+    """Root-mean-square deviation per element and part of the program, at roundoff U_SIM.
+
+    A large program's spread is measured with every part perturbed at once, at the roundoffs
+    of the check (``roundoffs``, one per part): then ``forward`` holds that combined spread at
+    U_SIM times the largest of them, the other parts are zero, and ``at`` answers other
+    roundoffs in proportion, or from the part-by-part spread that ``refine`` computes (once,
+    on demand: a check that changes its roundoffs, a precision finding)."""
     forward: np.ndarray
     forward_sums: np.ndarray
     backward: np.ndarray
@@ -131,6 +142,9 @@ class Spread(NamedTuple):
     # ``checks.aggregate.slice_sums`` (the whole tensor, then every slice): the rms of
     # sum_S d_i e_i, the null distribution of the aggregate test's bias (None: not computed)
     bias: "Spread | None" = None
+    roundoffs: tuple | None = None   # combined at these roundoffs (PARTS order); None: by part
+    used: tuple = ()                 # the parts the program perturbs (combined form)
+    refine: object = None            # () -> this leaf's Spread part by part (combined form)
 
     def at(self, forward, backward=None, inputs=0.0, format=None):
         """The rounding-error scale of every element, each part at its own roundoff.
@@ -139,12 +153,35 @@ class Spread(NamedTuple):
         relative rounding of the inputs (0: the kernel receives them exactly); ``format`` the
         roundoff of what the layers of a composition return and of the operations between them
         (default: the forward's results)."""
-        backward = forward if backward is None else backward
-        (fe, fs), (be, bs) = _pair(forward), _pair(backward)
-        format = fe if format is None else format
-        terms = ((fe, self.forward), (fs, self.forward_sums), (be, self.backward),
-                 (bs, self.backward_sums), (inputs, self.inputs), (format, self.format))
-        return np.sqrt(sum((u / U_SIM * s) ** 2 for u, s in terms))
+        us = roundoffs(forward, backward, inputs, format)
+        if self.roundoffs is None:
+            return np.sqrt(sum((u / U_SIM * s) ** 2 for u, s in zip(us, self[:len(PARTS)])))
+        ratio = _common_ratio(us, self.roundoffs, self.used)
+        if ratio is not None:
+            return ratio * max(self.roundoffs) / U_SIM * self.forward
+        return self.refine().at(forward, backward, inputs, format)
+
+
+def roundoffs(forward, backward=None, inputs=0.0, format=None) -> tuple:
+    """The six roundoffs of ``Spread.at``'s arguments, in PARTS order."""
+    backward = forward if backward is None else backward
+    (fe, fs), (be, bs) = _pair(forward), _pair(backward)
+    return (fe, fs, be, bs, inputs, fe if format is None else format)
+
+
+def _common_ratio(us, measured, used):
+    """c where us = c x measured on every part the program perturbs (``used``), else None."""
+    ratios = set()
+    for k in used:
+        if measured[k] == 0:
+            if us[k] != 0:
+                return None
+            continue
+        ratios.add(us[k] / measured[k])
+    if not ratios:
+        return 0.0
+    lo, hi = min(ratios), max(ratios)
+    return lo if hi - lo <= 1e-12 * hi else None
 
 
 def _pair(u):
@@ -176,20 +213,28 @@ class RoundingModel:
         counter = _Noise("record", self.record, kept=kept)
         jax.eval_shape(lambda f: self._eval(f, counter), flat)
         self.has_branches = counter.branches > 0
-        self._amplitudes_run = jax.jit(self._amplitudes, compiler_options=FAST_COMPILE)
+        self.elements = sum(math.prod(shape) for shape, _ in self.record)
+        # beyond LARGE_ELEMENTS a program runs one sample at a time, its noise sliced from a
+        # pool (``_pool_noise``), every part at once where the roundoffs are known (``_large``);
+        # below, a chunk's draws are made on the host and feed every part
+        self.large = self.elements > LARGE_ELEMENTS
+        # the exact runs of a large program are compiled with XLA's passes: its sums' amplitudes
+        # (a second product per product, partial sums) then run in 2.6 s instead of 7 s at the
+        # bench's size, for 0.6 s more of compilation (measured on the whole model)
+        exact_options = {} if self.large else FAST_COMPILE
+        self._amplitudes_run = jax.jit(self._amplitudes, compiler_options=exact_options)
+        self._margins_run = jax.jit(self._margins, compiler_options=exact_options)
         self._run = jax.jit(self._spreads, compiler_options=FAST_COMPILE)
-        self._run_part = jax.jit(self._spreads, static_argnums=4, compiler_options=FAST_COMPILE)
+        self._sample_run = jax.jit(self._one_sample, compiler_options=FAST_COMPILE)
         self._flips_run = jax.jit(self._flips, compiler_options=FAST_COMPILE)
         self._moves_run = jax.jit(self._moves, compiler_options=FAST_COMPILE)
         self._one_by_one_run = jax.jit(self._one_by_one, compiler_options=FAST_COMPILE)
-        self.elements = sum(math.prod(shape) for shape, _ in self.record)
-        # beyond PER_PART_ELEMENTS each part gets its own program, which draws its operations'
-        # noise as it goes; below, a chunk's draws are made once and feed every part
-        self.per_part = self.elements > PER_PART_ELEMENTS
+        self.used = tuple(sorted({p for _, p in self.record}))
+        self.sizes = [math.prod(shape) for shape, _ in self.record]
         # operation -> index of its amplitude kept from the exact run: every operation's in a
         # small program (the perturbed runs then trace no |value|), only the sums' beyond
-        # PER_PART_ELEMENTS (every amplitude kept would take as much memory as a sample)
-        keep = [not self.per_part or k for k in kept]
+        # LARGE_ELEMENTS (every amplitude kept would take as much memory as a sample)
+        keep = [not self.large or k for k in kept]
         self.kept = {k: i for i, k in enumerate(k for k, kk in enumerate(keep) if kk)}
 
     def _eval(self, flat, noise):
@@ -198,8 +243,16 @@ class RoundingModel:
 
     def margins(self, flat):
         """Every comparison's margin at the arguments flat, in program order: where its sign
-        changes, the program takes another branch (the exact run ``spread`` compiled)."""
-        return self._amplitudes_run(flat)[2]
+        changes, the program takes another branch.  A small program reuses the exact run that
+        ``spread`` compiled (one program less to compile); a large one runs only the
+        operations its comparisons read (no amplitudes, no backward: XLA drops what no margin
+        needs)."""
+        return self._margins_run(flat) if self.large else self._amplitudes_run(flat)[2]
+
+    def _margins(self, flat):
+        preds = []
+        self._eval(flat, _Noise("exact", None, preds=preds))
+        return preds
 
     def _amplitudes(self, flat):
         """(the exact run's outputs, the kept amplitudes (``self.kept``) in program order, every
@@ -207,60 +260,72 @@ class RoundingModel:
         once per part and chunk of samples."""
         amplitudes, preds = [], []
         exact = self._eval(flat, _Noise("amplitude", amplitudes, preds=preds, kept=self.kept))
-        if self.per_part:  # kept in float32, half the memory: a noise scale needs no precision
+        if self.large:  # kept in float32, half the memory: a noise scale needs no precision
             amplitudes = [a.astype(jnp.float32) for a in amplitudes]
         return exact, amplitudes, preds
 
-    def _perturbed(self, flat, amplitudes, samples, scale, parts, preds=None):
+    def _perturbed(self, flat, amplitudes, samples, scale, preds=None):
         """The program's outputs (and predicates, into ``preds``) under each sample's noise,
-        batched over the chunk (``_sampler``): a program per part draws the noise of the
-        operations of ``parts`` in the program from the sample's key, otherwise ``samples``
-        are the draws; ``scale(k)`` is the noise scale of operation k, or None where it adds
-        none."""
-        if self.per_part:
-            base, indices = samples
-            samples = jax.vmap(lambda i: jax.random.fold_in(base, i))(indices)  # (N, 2) keys
-
+        batched over the chunk: ``samples`` are the draws (``_sampler``); ``scale(k)`` is the
+        noise scale of operation k, or None where it adds none."""
         def one(f, sample):
             noise = _Noise("perturb", amplitudes, kept=self.kept, scale=scale,
-                           preds=None if preds is None else [],
-                           noises=self._draws(sample, parts) if self.per_part else sample)
+                           preds=None if preds is None else [], noises=sample)
             return self._eval(f, noise), noise.preds
         outs, p = jax.vmap(one, in_axes=(None, 0))(flat, samples)
         if preds is not None:
             preds.extend(p)
         return outs
 
-    def _draws(self, key, parts):
-        """One sample's noise for the operations of ``parts`` (None for the others), drawn in
-        the program: each part's operations take consecutive slices, in program order, of one
-        vector normal(fold_in(key, part)) (one random-number call per part: a call per
-        operation would take XLA minutes to compile in a large program)."""
-        noises = [None] * len(self.record)
-        for part in parts:
-            ops = [k for k, (_, p) in enumerate(self.record) if p == part]
-            sizes = [math.prod(self.record[k][0]) for k in ops]
-            drawn = jax.random.normal(jax.random.fold_in(key, part), (sum(sizes),),
-                                      jnp.float32)
-            offset = 0
-            for k, n in zip(ops, sizes):
-                noises[k] = jax.lax.slice(drawn, (offset,), (offset + n,)).reshape(
-                    self.record[k][0])
-                offset += n
-        return noises
+    def _pool_noise(self, pool, offsets, signs):
+        """One sample's noise of every operation: operation k reads signs[k] x pool[offsets[k]:
+        offsets[k] + its size].  Distinct elements of one operation read distinct entries, and
+        two operations' noises are uncorrelated (independent random signs), so the expected
+        squared deviation of every output is that of independent draws; drawing a pool once
+        costs what 1/20 of the model's operations would (a random-number call per operation,
+        or per part, takes longer than the perturbed run itself)."""
+        return [signs[k] * jax.lax.dynamic_slice(pool, (offsets[k],), (n,)).reshape(shape)
+                for k, (n, (shape, _)) in enumerate(zip(self.sizes, self.record))]
+
+    def _one_sample(self, flat, exact, amplitudes, pool, offsets, signs, weights):
+        """A large program's perturbed run for one sample (``_pool_noise``), operation k of part
+        p at noise scale weights[p] (zero: unperturbed): per output, its squared deviation and
+        the deviation's projections (``_projected``); per comparison, its margin's squared
+        deviation."""
+        noise = _Noise("perturb", amplitudes, kept=self.kept,
+                       scale=lambda k: weights[self.record[k][1]],
+                       preds=[] if self.has_branches else None,
+                       noises=self._pool_noise(pool, offsets, signs))
+        outs, margins = self._eval(flat, noise), noise.preds or []
+        outputs, _, exact_margins = exact
+        # a non-finite result the perturbations leave unchanged (a -inf mask) deviates by 0
+        deviations = [jnp.where(p == e, 0.0, p - e) for p, e in zip(outs, outputs)]
+        return ([d ** 2 for d in deviations], _projected([d[None] for d in deviations], outputs),
+                [jnp.where(p == e, 0.0, p - e) ** 2 for p, e in zip(margins, exact_margins)])
+
+    def _large(self, flat, exact, seed, weights, stream=0x40D):
+        """Sums over the samples of ``_one_sample``'s three lists at these part weights, one
+        sample at a time (the draws of sample i depend on the seed and i alone)."""
+        rng = np.random.default_rng([seed, stream])
+        pool = jax.device_put(rng.standard_normal(POOL + max(self.sizes), np.float32))
+        weights = jnp.asarray(weights, jnp.float64)
+        total = None
+        for _ in range(self.samples):
+            offsets = rng.integers(0, POOL, len(self.record), dtype=np.int32)
+            signs = rng.choice(np.array([-1.0, 1.0], np.float32), len(self.record))
+            got = self._sample_run(flat, exact, exact[1], pool, offsets, signs, weights)
+            got = [[np.asarray(a, np.float64) for a in group] for group in got]
+            total = got if total is None else [[a + b for a, b in zip(t, g)]
+                                               for t, g in zip(total, got)]
+        return total
 
     def _spreads(self, flat, exact, amplitudes, samples, part):
-        """Squared deviations of every output under the noise of one part only, summed over
-        the samples of the chunk.  ``part`` traced: one program for all parts, ``samples``
-        every operation's draws; ``part`` static: one program per part, ``samples`` the keys,
-        in which only that part's operations draw noise and the operations no noise reaches
-        run once for all samples instead of once per sample."""
+        """Squared deviations of every output under the noise of one part only (traced: one
+        program for all parts), summed over the samples of the chunk, and their projections
+        (``_projected``)."""
         parts = [p for _, p in self.record]
-        if isinstance(part, int):
-            scale = lambda k: U_SIM if parts[k] == part else None
-        else:
-            scale = lambda k: jnp.where(parts[k] == part, U_SIM, 0.0)
-        perturbed = self._perturbed(flat, amplitudes, samples, scale, [part])
+        scale = lambda k: jnp.where(parts[k] == part, U_SIM, 0.0)
+        perturbed = self._perturbed(flat, amplitudes, samples, scale)
         # a non-finite result the perturbations leave unchanged (a -inf mask) deviates by 0
         deviations = [jnp.where(p == e, 0.0, p - e) for p, e in zip(perturbed, exact)]
         return ([jnp.sum(d ** 2, axis=0) for d in deviations],         # summed over N
@@ -271,24 +336,14 @@ class RoundingModel:
         perturbed runs of the chunk (noise: the standard draws times the roundoff of each
         operation's part)."""
         margins = []
-        self._perturbed(flat, amplitudes, samples, lambda k: scales[self.record[k][1]],
-                        sorted({p for _, p in self.record}), margins)
+        self._perturbed(flat, amplitudes, samples, lambda k: scales[self.record[k][1]], margins)
         # a non-finite margin the perturbations leave unchanged (a -inf mask) deviates by 0
         return [jnp.sum(jnp.where(p == e, 0.0, p - e) ** 2, axis=0)
                 for p, e in zip(margins, exact_margins)]
     def _sampler(self, seed, stream):
-        """n -> the noise of the next n samples: for a program per part, the stream's key and
-        the samples' indices, from which the program draws sample i's noise (``_draws``, from
-        fold_in(key, i): the same draws in every chunking), one part at a time where it can;
-        otherwise every operation's draws, made once on the host and taken by every part
-        (float32: the noise needs no precision)."""
-        if self.per_part:
-            base, start = _key(seed, stream), [0]
-
-            def next_samples(n):
-                start[0] += n
-                return base, np.arange(start[0] - n, start[0], dtype=np.uint32)
-            return next_samples
+        """n -> the noise of the next n samples of a small program: every operation's draws,
+        made once on the host and taken by every part (float32: the noise needs no
+        precision)."""
         rng = np.random.default_rng([seed, stream])
         return lambda n: jax.device_put([rng.standard_normal((n,) + shape, np.float32)
                                          for shape, _ in self.record])  # (n, ...) each
@@ -345,7 +400,11 @@ class RoundingModel:
         if not self.has_branches:
             return None
         flat, _ = jax.tree_util.tree_flatten(args)
-        if flips is None:
+        if flips is None and self.large:
+            exact = self._amplitudes_run(flat)
+            margins = self._large(flat, exact, seed, self._weights(us), stream=0x4B1)[2]
+            flips = self._flipping(exact, self._at_roundoffs(margins, us))
+        elif flips is None:
             draw, exact, sums = self._sampler(seed, 0x4B1), self._amplitudes_run(flat), None
             for n in _chunks(self.samples, self.elements):
                 sums = self._add_margins(sums, flat, exact, draw(n), us)
@@ -387,21 +446,23 @@ class RoundingModel:
         """(``spread``, where the predicates flip with the same draws at the roundoffs kink_us,
         for ``kinks``: None without kink_us or comparisons).  One exact run gives every
         operation's amplitude; each chunk of normal draws then feeds every part's perturbed
-        runs and the flip runs (the same draws, ``_samples``)."""
+        runs and the flip runs (the same draws, ``_samples``).  A large program with kink_us
+        runs every part at once at those roundoffs (``Spread``'s combined form)."""
         flat, _ = jax.tree_util.tree_flatten(args)
+        exact = self._amplitudes_run(flat)
+        if self.large and kink_us is not None:
+            return self._combined(flat, exact, seed, tuple(kink_us))
+        if self.large:
+            return self._tree(self._by_part_large(flat, exact, seed)), None
         draw = self._sampler(seed, 0x40D)
-        # one compiled program, run once per part and chunk of samples (a program per part
-        # beyond PER_PART_ELEMENTS, where running the unperturbed operations once saves more
-        # than tracing and compiling a program per part costs): memory holds one chunk's runs
-        # (``_chunks``); a part with no perturbation, such as the format of a single layer,
-        # spreads nothing
-        used = sorted({p for _, p in self.record})
-        sums, exact, margins = {}, self._amplitudes_run(flat), None
+        # one compiled program, run once per part and chunk of samples: memory holds one
+        # chunk's runs (``_chunks``); a part with no perturbation, such as the format of a
+        # single layer, spreads nothing
+        sums, margins = {}, None
         for n in _chunks(self.samples, self.elements):
             samples = draw(n)  # once for every part and the flip runs
-            for part in used:
-                run = self._run_part if self.per_part else self._run
-                sq, pj = run(flat, *exact[:2], samples, part)
+            for part in self.used:
+                sq, pj = self._run(flat, *exact[:2], samples, part)
                 sq = [np.asarray(a, np.float64) for a in list(sq) + list(pj)]  # then projections
                 sums[part] = sq if part not in sums else [a + b for a, b in zip(sums[part], sq)]
             if kink_us is not None and self.has_branches:
@@ -409,18 +470,68 @@ class RoundingModel:
                     margins = self._add_margins(margins, flat, exact, samples, kink_us)
                 except Exception:  # a program the flip runs cannot follow: ``kinks`` says why
                     kink_us = margins = None
+        flips = None if margins is None else self._flipping(exact, margins)
+        return self._tree(self._by_part(sums)), flips
+
+    def _by_part(self, sums):
+        """Per output, its Spread part by part from each part's summed squares (outputs, then
+        projections)."""
         shapes = [s.shape for s in jax.tree_util.tree_leaves(self.shapes)]
         zeros = [np.zeros(shape) for shape in shapes] + [np.zeros(slice_count(shape))
                                                           for shape in shapes]
         per_part = [[np.sqrt(a / self.samples) for a in sums[part]] if part in sums else zeros
                     for part in range(len(PARTS))]
         leaves = list(zip(*per_part))  # per output: its six parts; then per output, its bias's
-        spreads = [Spread(*(np.asarray(rms, np.float64) for rms in leaf),
-                          bias=Spread(*(np.asarray(rms, np.float64) for rms in bias)))
-                   for leaf, bias in zip(leaves[:len(shapes)], leaves[len(shapes):])]
-        flips = None if margins is None else self._flipping(exact, margins)
-        return (jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(self.shapes), spreads),
-                flips)
+        return [Spread(*(np.asarray(rms, np.float64) for rms in leaf),
+                       bias=Spread(*(np.asarray(rms, np.float64) for rms in bias)))
+                for leaf, bias in zip(leaves[:len(shapes)], leaves[len(shapes):])]
+
+    def _tree(self, leaves):
+        return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(self.shapes), leaves)
+
+    def _weights(self, us):
+        """Noise scale of each part for runs at the roundoffs us: U_SIM at the largest."""
+        top = max(us)
+        return [U_SIM * u / top if top else 0.0 for u in us]
+
+    @staticmethod
+    def _at_roundoffs(squares, us):
+        """Squared deviations of runs at ``_weights(us)`` scaled to the roundoffs us."""
+        return [a * (max(us) / U_SIM) ** 2 for a in squares]
+
+    def _by_part_large(self, flat, exact, seed):
+        """A large program's spreads part by part: a run per part and sample."""
+        sums = {}
+        for part in self.used:
+            sq, pj, _ = self._large(flat, exact, seed, [U_SIM * (p == part)
+                                                        for p in range(len(PARTS))])
+            sums[part] = list(sq) + list(pj)
+        return self._by_part(sums)
+
+    def _combined(self, flat, exact, seed, us):
+        """A large program's spreads at the roundoffs us, every part perturbed at once (one run
+        per sample instead of one per part and sample: errors add in variance, parts being
+        independent), with the flips of the same runs; each Spread refines itself part by
+        part when asked for other roundoffs (``Spread.at``)."""
+        sq, pj, margins = self._large(flat, exact, seed, self._weights(us))
+        memo = []
+
+        def by_part():
+            if not memo:
+                memo.append(self._by_part_large(flat, exact, seed))
+            return memo[0]
+
+        def combined(rms, refine):
+            rms = np.sqrt(np.asarray(rms, np.float64) / self.samples)
+            zero = np.zeros_like(rms)
+            return Spread(rms, zero, zero, zero, zero, zero, roundoffs=us, used=self.used,
+                          refine=refine)
+        leaves = [combined(a, lambda i=i: by_part()[i])._replace(
+                      bias=combined(b, lambda i=i: by_part()[i].bias))
+                  for i, (a, b) in enumerate(zip(sq, pj))]
+        flips = self._flipping(exact, self._at_roundoffs(margins, us)) if self.has_branches \
+            else None
+        return self._tree(leaves), flips
 
 
 def _projected(deviations, exact):
@@ -428,11 +539,6 @@ def _projected(deviations, exact):
     ``checks.aggregate.slice_sums``, squared and summed over the samples: (sets,) each."""
     return [jnp.sum(slice_sums(d * _finite(e), lead=1, xp=jnp) ** 2, axis=0)
             for d, e in zip(deviations, exact)]
-
-
-def _key(seed, stream):
-    """A threefry key (uint32[2]) of a seed and a stream, made on the host (no program)."""
-    return np.array([int(seed) % 2 ** 32, stream], np.uint32)
 
 
 def _available_memory() -> int | None:

@@ -68,9 +68,9 @@ def test_a_check_in_chunks_of_one_sample_gives_the_spreads_of_one_pass(monkeypat
         assert 0.5 < a.tol / b.tol < 2, (a.name, a.tol, b.tol)
 
 
-# the program-per-part path, which only programs beyond PER_PART_ELEMENTS take (the whole model
-# at large sizes), compiles a program per part: seconds, the slow tier (make test-slow, CI)
-IN_PROGRAM = pytest.param(True, id="draws-in-program", marks=pytest.mark.slow)
+# the large-program path, which only programs beyond LARGE_ELEMENTS take (the whole model at
+# large sizes), compiles its one-sample program: seconds, the slow tier (make test-slow, CI)
+IN_PROGRAM = pytest.param(True, id="large-program", marks=pytest.mark.slow)
 
 
 @pytest.mark.parametrize("per_part", [pytest.param(False, id="draws-on-host"), IN_PROGRAM])
@@ -79,12 +79,12 @@ def test_the_kink_runs_reuse_the_spreads_draws_and_find_what_their_own_draws_fin
     """One set of normal draws feeds the spreads and the kink runs (the draws are the costliest
     host work of a large model's check): the flip at a pre-activation of 1e-7 is found from
     the spread's draws, without drawing again, as a kink run with its own draws finds it; in
-    one program for all parts (draws made on the host) and in a program per part (drawn in
-    the program from each sample's key)."""
+    one program for all parts (draws made on the host) and in a large program's one-sample
+    runs (noise sliced from a pool)."""
     from checks import legs
     from checks.legs import Oracle
     monkeypatch.setattr(legs, "_ROUNDING_MODELS", {})
-    monkeypatch.setattr(rounding, "PER_PART_ELEMENTS", 0 if per_part else 2 ** 22)
+    monkeypatch.setattr(rounding, "LARGE_ELEMENTS", 0 if per_part else 2 ** 22)
     from checks.wild import plain_ff
     x, p = plain_ff(np.random.default_rng(0), np.float32, B=2, T=8, D=16, F=32)
     z = x.astype(np.float64).reshape(-1, 16) @ p["W1"].astype(np.float64)
@@ -101,8 +101,9 @@ def test_the_kink_runs_reuse_the_spreads_draws_and_find_what_their_own_draws_fin
     def no_second_draw(*args, **kwargs):
         raise AssertionError("the kink runs drew their own noise")
     monkeypatch.setattr(rounding.RoundingModel, "_add_margins", no_second_draw)
+    monkeypatch.setattr(rounding.RoundingModel, "_large", no_second_draw)
     shared = shared_oracle.kinks(dout, us, seed=0)
-    assert next(iter(legs._ROUNDING_MODELS.values())).per_part == per_part
+    assert next(iter(legs._ROUNDING_MODELS.values())).large == per_part
     assert alone[3] >= 1 and shared[3] >= 1  # predicates flipped
     for a, b in ((alone[0], shared[0]), (alone[2]["W1"], shared[2]["W1"])):
         assert np.any(a > 0) and np.any(b > 0)
@@ -117,53 +118,73 @@ def _linear_model(seed=0):
     return Oracle(reference.linear, inputs, params, {}, [0]), rng.standard_normal((2, 6, 5))
 
 
-@pytest.mark.slow  # a program per part, compiled for each of two chunkings (see IN_PROGRAM)
-def test_a_program_per_part_draws_in_the_program_the_same_noise_in_every_chunking(monkeypatch):
-    """Beyond PER_PART_ELEMENTS every part has its own program, which draws each sample's noise
-    from the sample's key as it goes (no sample's draws held whole): chunks of one sample then
-    give the spreads of one pass of 16 to the draws' own rounding, not only statistically.
+def _agree(a, b):
+    """Two estimates of one tensor's spreads, each of 16 samples per element: the mean squared
+    spread over its n elements agrees within 4 standard errors of the log of its ratio (about
+    0.5 / sqrt(n): a variance estimate of 16 samples has a relative error of sqrt(2 / 16)), and
+    every element within a factor 3 (4.4 of its own standard errors, 0.25)."""
+    ratio = float(np.mean(a ** 2) / np.mean(b ** 2))
+    assert abs(np.log(ratio)) < 2 / np.sqrt(a.size), (ratio, a.size)
+    assert np.all(a < 3 * b) and np.all(b < 3 * a)
 
-    The draws are float32 normals made in the program. Compiled with XLA's older CPU emitters
-    (the suite's default, tests/conftest.py) the two chunkings' spreads differed by up to 1.7e-8
-    relative (measured), the size of a float32 ulp (6e-8) in a few draws: the same draws,
-    compiled for a batch of one and of 16.  rtol 1e-6 allows that and nothing else: other draws
-    would move a spread of 16 samples by some 25 % (1/sqrt(16))."""
+
+@pytest.mark.slow  # the one-sample program compiled, and run a sample at a time
+def test_a_large_programs_spreads_combined_by_part_and_from_host_draws_agree(monkeypatch):
+    """Beyond LARGE_ELEMENTS a program runs one sample per call, its noise sliced from a pool
+    at random offsets with random signs, every part at once at the check's roundoffs.  Three
+    estimates of the same spreads, with different draws: combined, part by part (``refine``,
+    which ``at`` calls for roundoffs that are not a multiple of the measured ones), and the
+    small-program path (independent normal draws on the host).  They agree to the estimates'
+    own statistical spread (``_agree``); a ratio at other roundoffs is exact."""
     from checks import legs
-    monkeypatch.setattr(rounding, "PER_PART_ELEMENTS", 0)
-    spreads = []
-    for budget in ("1G", "1"):  # one chunk of 16 samples, then 16 chunks of one
-        monkeypatch.setenv(rounding.MEMORY_ENV, budget)
+    us = (2.0 ** -24, 2.0 ** -24, 2.0 ** -24, 2.0 ** -24, 2.0 ** -24, 2.0 ** -24)
+    other = (2.0 ** -24, 2.0 ** -24, 2.0 ** -24, 2.0 ** -24, 0.0, 2.0 ** -24)  # exact inputs
+    estimates = {}
+    for large in (True, False):
+        monkeypatch.setattr(rounding, "LARGE_ELEMENTS", 0 if large else 2 ** 22)
         monkeypatch.setattr(legs, "_ROUNDING_MODELS", {})
         oracle, dout = _linear_model()
-        out, d_in, d_params = oracle.spread(dout, seed=5)
-        model = next(iter(legs._ROUNDING_MODELS.values()))
-        assert model.per_part
-        spreads.append([out, d_in[0], d_params["W"], d_params["b"]])
-    for a, b in zip(*spreads):
-        for part_a, part_b in zip(a[:6] + a.bias[:6], b[:6] + b.bias[:6]):  # elements, biases
-            np.testing.assert_allclose(part_a, part_b, rtol=1e-6, atol=0)
-        assert np.all(a.at(1.0, 1.0, 1.0) > 0)  # every element spreads (nothing left out)
+        estimates[large] = oracle.spread(dout, seed=5, kink_us=us)
+        assert next(iter(legs._ROUNDING_MODELS.values())).large == large
+    combined, small = estimates[True], estimates[False]
+    for a, b in zip([combined[0], combined[1][0], *combined[2].values()],
+                    [small[0], small[1][0], *small[2].values()]):
+        assert a.roundoffs == us and b.roundoffs is None
+        at_us, by_part, host = a.at(us[:2], us[2:4], us[4], us[5]), a.refine(), \
+            b.at(us[:2], us[2:4], us[4], us[5])
+        half = [u / 2 for u in us]
+        np.testing.assert_allclose(a.at(half[:2], half[2:4], half[4], half[5]), at_us / 2,
+                                   rtol=1e-12)  # in proportion, without refining
+        part_us = by_part.at(us[:2], us[2:4], us[4], us[5])
+        for x, y in ((at_us, part_us), (at_us, host), (part_us, host)):
+            _agree(x, y)
+        # other roundoffs: the part-by-part spread answers (the inputs part dropped)
+        np.testing.assert_array_equal(a.at(other[:2], other[2:4], 0.0, other[5]),
+                                      by_part.at(other[:2], other[2:4], 0.0, other[5]))
+        _agree(a.at(other[:2], other[2:4], 0.0, other[5]),
+               b.at(other[:2], other[2:4], 0.0, other[5]))
+        # the bias spreads (whole tensor, then each slice), combined and from host draws
+        _agree(a.bias.at(us[:2], us[2:4], us[4], us[5]), b.bias.at(us[:2], us[2:4], us[4], us[5]))
 
 
-@pytest.mark.slow  # the model's rounding model compiled as a program per part
+@pytest.mark.slow  # the model's rounding model compiled as a large program
 def test_the_model_checked_with_its_noise_drawn_in_the_program_passes_and_catches_a_bug(
         monkeypatch):
-    """The regime of the bench's large size (a program per part, each sample's noise drawn in
-    the program, chunks of one sample) at a size that runs in seconds: the correct model in
+    """The regime of the bench's large size (one sample per run, noise sliced from a pool, every
+    part at once at the check's roundoffs) at a size that runs in seconds: the correct model in
     float32 passes; one element of one gradient off by half of itself fails that tensor alone,
     blamed on the hand."""
     from checks import legs
     from checks.registry import model_at
     from checks.verdict import Kind
-    monkeypatch.setattr(rounding, "PER_PART_ELEMENTS", 0)
-    monkeypatch.setenv(rounding.MEMORY_ENV, "1")  # one sample per chunk
+    monkeypatch.setattr(rounding, "LARGE_ELEMENTS", 0)
     monkeypatch.setattr(legs, "_ROUNDING_MODELS", {})
     row, sizes = model_at(D=8, H=2, F=16), {"B": 2, "T": 6}
     correct = layer_check(row, np.float32, seed=2, sizes=sizes)
     report = correct.run()
     assert report.ok, "\n" + str(report)
     model = next(iter(legs._ROUNDING_MODELS.values()))
-    assert model.per_part and rounding._chunks(model.samples, model.elements) == [1] * 16
+    assert model.large
 
     def buggy(dout, cache):
         d_in, d_params = row.backward(dout, cache)
