@@ -83,6 +83,9 @@ PATTERNS = (
     ("wrong only in", "located"),
     ("exact at", "located"),
     ("triangle", "located"),
+    # a composition's failure bisected (checks.bisection), when nothing above names it
+    ("'s backward is wrong, the stages after it agree", "wrong stage"),
+    ("the glue between", "wrong glue"),
 )
 
 
