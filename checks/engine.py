@@ -523,9 +523,11 @@ class LayerCheck:
         for a low-precision check, the same kernel run in float64 (checks.explain)."""
         from checks.explain import float64_rerun
         from checks.attribution import for_oracle
+        from checks.substitution import cached_arrays
         names = {i: self.names[i] for i in self.diff_idx}
         tol64 = lambda j: self._tol_at(j, np.float64)
-        return dict(dtype=str(self.dtype), paths=for_oracle(self.ref, self.dout64, names),
+        return dict(dtype=str(self.dtype), paths=for_oracle(self.ref, self.dout64, names,
+                                                            cached_arrays(self.cache)),
                     other_static=self._other_static(),
                     float64=None if self.dtype == np.float64 else float64_rerun(
                         self.forward_fn, self.backward_fn, self.inputs64, self.params64,
