@@ -281,8 +281,9 @@ class Substitutions:
         # 1: a factor of a product, or the upstream gradient of a step, left out
         found, arrays = [(Tensor("one", "", "", "", 0), np.ones(shape))], \
             [np.asarray(x) for x in exclude] + [np.ones(shape)]
-        rank = lambda t: (t[0].primitive in PLUMBING, abs(t[0].order - near) if t[0].order
-                          else -1)
+        # the hand's cache last: it only adds to the program's own, within MAX_CANDIDATES
+        rank = lambda t: (t[0].kind == "cached", t[0].primitive in PLUMBING,
+                          abs(t[0].order - near) if t[0].order else -1)
         for tensor, array in sorted(self.tensors(), key=rank):
             if sorted(array.shape) != sorted(shape) or not np.any(array) \
                     or not np.all(np.isfinite(array)):
@@ -440,6 +441,25 @@ def equal_to(g, ref, tensors, fit_tol):
             if close(a):
                 moved = tuple(perm) != tuple(range(array.ndim)) or array.shape != g.shape
                 return tensor._replace(perm=()), moved
+    return None
+
+
+def times(g, ref, tensors, fit_tol):
+    """(Tensor, extra) where the hand gradient g is the right one times a tensor of the case
+    element-wise (extra True: g = ref T, a factor of a product taken once too often) or divided
+    by it (extra False: g T = ref, a factor left out), T of g's shape and not constant (a
+    constant is a scale, named before); None when none is."""
+    scale = float(np.max(np.abs(ref))) if ref.size else 0.0
+    if scale == 0.0 or float(np.max(np.abs(g - ref))) <= fit_tol * scale:
+        return None
+    for tensor, array in tensors:
+        if array.shape != g.shape or not np.all(np.isfinite(array)) \
+                or np.ptp(array) <= fit_tol * float(np.max(np.abs(array))):
+            continue
+        if float(np.max(np.abs(g - ref * array))) <= fit_tol * scale:
+            return tensor, True
+        if float(np.max(np.abs(g * array - ref))) <= fit_tol * scale:
+            return tensor, False
     return None
 
 

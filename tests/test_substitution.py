@@ -180,3 +180,26 @@ def test_a_cached_field_equal_to_an_input_is_named_as_the_input():
     text = _only_w_fails(dw_from="x")
     assert "reads the input x in place of the other operand" in text
     assert "cached" not in text
+
+
+def test_a_tensor_factor_taken_too_often_or_left_out_is_named():
+    """db = sum(dy g) for sum(dy) (the gain applied to the bias gradient): the hand db is the
+    right one times g, element by element; and the times pattern never fits a right gradient
+    nor a constant factor (a scale, named before it)."""
+    from checks.registry import BY_NAME, run_row
+    from checks.substitution import Tensor, times
+    from kernels import layernorm as L
+
+    def backward(dy, cache):
+        dx, grads = L.layernorm_backward(dy, cache)
+        return dx, {**grads, "b": (dy * cache.g).reshape(-1, dy.shape[-1]).sum(axis=0)}
+    report = run_row(BY_NAME["layernorm"], np.float64, backward=backward)
+    bad = {t.name: t for t in report.tensors if not t.ok}
+    assert set(bad) == {"b"}, str(report)
+    assert "the hand db is the right gradient times the input g, element by element" \
+        in bad["b"].diagnosis, bad["b"].diagnosis
+    ref, f = RNG.standard_normal(6), RNG.standard_normal(6)
+    tensors = [(Tensor("input", "", "", "f", 0), f), (Tensor("one", "", "", "", 0), np.full(6, 2.0))]
+    assert times(ref * f, ref, tensors, 1e-8)[1] is True
+    assert times(ref / f, ref, tensors, 1e-8)[1] is False
+    assert times(ref, ref, tensors, 1e-8) is None and times(2 * ref, ref, tensors, 1e-8) is None
