@@ -526,8 +526,8 @@ class LayerCheck:
         from checks.substitution import cached_arrays
         names = {i: self.names[i] for i in self.diff_idx}
         tol64 = lambda j: self._tol_at(j, np.float64)
-        return dict(dtype=str(self.dtype), paths=for_oracle(self.ref, self.dout64, names,
-                                                            cached_arrays(self.cache)),
+        cached = lambda: cached_arrays(self.cache)  # copied only if the substitutions are built
+        return dict(dtype=str(self.dtype), paths=for_oracle(self.ref, self.dout64, names, cached),
                     other_static=self._other_static(),
                     float64=None if self.dtype == np.float64 else float64_rerun(
                         self.forward_fn, self.backward_fn, self.inputs64, self.params64,

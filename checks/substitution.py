@@ -512,8 +512,10 @@ def _combinations(C, ev, ranked, good, unit):
 def for_oracle(oracle, dout, names, cached=()):
     """name -> (columns, subs) for every checked tensor of a ``checks.legs.Oracle``, built on
     first use (None where the oracle cannot be traced or is too large).  cached: (name, array)
-    of the hand forward's cache (``cached_arrays``), candidates too."""
-    return per_name(lambda: _build(oracle, dout, names, tuple(cached)), names)
+    of the hand forward's cache (``cached_arrays``), candidates too, or a function that returns
+    them (called on first use: a check that never reaches the substitutions copies nothing)."""
+    return per_name(lambda: _build(oracle, dout, names,
+                                   tuple(cached() if callable(cached) else cached)), names)
 
 
 def cached_arrays(cache) -> list:

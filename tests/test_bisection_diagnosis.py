@@ -124,3 +124,13 @@ def test_the_tape_checks_the_backward_the_composition_calls():
     assert tape.backward("a", calls[0], np.ones(2), None)[0].tolist() == [5, 5]
     assert tape.backward("b", calls[1], np.ones(2), None)[0].tolist() == [3, 3]
     assert tape["a"].dout is not None and tape["a"].backward is calls[0]
+
+
+def test_a_bisection_that_cannot_run_leaves_the_check_as_it_was(no_tensor_pattern, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("no tape")
+    monkeypatch.setattr(bisection, "bisect_check", broken)
+    planted = model_copy(_pair=residual_dropped_in("dec0.ff"))
+    report = run_row(MODEL, np.float64, backward=planted["model_backward"])
+    failing = [t for t in report.tensors if not t.ok]
+    assert failing and all(t.diagnosis == NO_PATTERN for t in failing), str(report)
