@@ -404,14 +404,15 @@ def representative(k, columns, sites, fit):
                                     sites[j].order))
 
 
-def for_oracle(oracle, dout, names):
+def for_oracle(oracle, dout, names, cached=()):
     """name -> (columns, sites) for every checked tensor of a ``checks.legs.Oracle``, built on
     first use (None where the oracle cannot be traced or is too large to attribute).
     names: input index -> tensor name.  Its ``substitutions`` attribute is the same for
-    ``checks.substitution`` (the last tier of the diagnosis)."""
+    ``checks.substitution`` (the last tier of the diagnosis), whose candidates include the
+    hand forward's cached arrays ``cached`` ((name, array), or a function that returns them)."""
     from checks.substitution import for_oracle as substitutions
     paths = per_name(lambda: _build(oracle, dout), names)
-    paths.substitutions = substitutions(oracle, dout, names)
+    paths.substitutions = substitutions(oracle, dout, names, cached)
     return paths
 
 

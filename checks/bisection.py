@@ -18,12 +18,16 @@ Two pieces make a composition bisectable:
   ``probes[name]`` to the output of each stage (``reference.transformer.probe`` does it).
 
 ``bisect(tape, oracle, dout)`` then returns a ``Bisection``.  The lab's whole model runs through
-a tape as it is (``kernels.model`` calls its stages through one): ``bisect_model``.
+a tape as it is (``kernels.model`` calls its stages through one): ``bisect_model``.  A failing
+check of a composition (the registry's model row, whose ``Row.tape`` makes its tape) is bisected
+in its diagnosis: ``bisect_check`` on the check's own inputs and backward, ``statement`` for its
+failing tensors.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from typing import Callable
 
 import jax
@@ -100,9 +104,14 @@ class Tape:
         return out, cache
 
     def backward(self, name, backward, dout, cache):
-        """The stage's backward (the planted one, if any), recording the upstream gradient."""
+        """The stage's backward, recording the upstream gradient: the planted one, if any, else
+        the one the composition's backward calls (which the stage keeps from then on), so that
+        the bisection checks the code the composition ran, even when the composition's backward
+        is another version of the code that ran its forward (a mutant of its module)."""
         stage = self[name]
         stage.dout = dout
+        if name not in self.backwards:
+            stage.backward = backward
         return stage.backward(dout, cache)
 
     def __getitem__(self, name) -> Stage:
@@ -207,6 +216,55 @@ def _glue(stages, upstream) -> str:
                     f"{err:.2g} (relative): the glue between {stage.name} and the stages after "
                     f"it (a residual or a sum of paths) is wrong")
     return ""
+
+
+# --- a failing check of a composition, bisected -------------------------------------------
+
+BISECTED = "bisected (each stage fed the oracle's upstream gradient): "
+
+
+def bisect_check(check, tape: Tape, *, explain=True) -> Bisection:
+    """The bisection of a composition checked as one layer (a registry row such as the whole
+    model): its forward run again through ``tape`` (it takes ``tape=``) with the check's inputs,
+    the check's own backward run on that cache with the check's upstream gradient (so the stages
+    record the backwards the checked code calls), and the oracle driven with probes (it takes
+    ``probes=``).  check: a ``LayerCheck`` whose oracle and hand stages have run."""
+    _, cache = check.forward_fn(*check.inputs, check.params, tape=tape, **check.static)
+    check.backward_fn(check.dout, cache)
+    oracle = lambda probes: check.oracle_fn(*check.inputs64, check.params64, **check.static,
+                                            probes=probes)
+    fd = check.fd_scheme if check.fd_scheme in ("central", "richardson") else "central"
+    return bisect(tape, oracle, check.dout64, seed=check.seed, fd=fd, explain=explain)
+
+
+def statement(result: Bisection) -> str:
+    """What a bisection found, as one statement for the composition's failing tensors: the
+    wrong stage with what its own check says, or the wrong glue; '' when it found nothing (the
+    composition's failure is then left unexplained: nothing is claimed that was not found)."""
+    if result.culprit is not None:
+        screened = dict(result.screened)[result.culprit]
+        own = result.report
+        failing = [t for t in own.tensors if not t.ok] if own is not None else []
+        said = "; ".join(f"{t.name}: {t.diagnosis}" for t in failing if t.diagnosis)
+        detail = (f"; its own check with its real inputs: {said}" if said else
+                  f" (its check fails in {', '.join(screened.failing) or 'its run'})")
+        return (f"{BISECTED}stage {result.culprit}'s backward is wrong, the stages after it "
+                f"agree with their oracles{detail}")
+    if result.glue:
+        return BISECTED + result.glue
+    return ""
+
+
+def explain_failure(check, tape_factory: Callable) -> str:
+    """The bisection's statement for a failing check of a composition (``statement``), or ''
+    when the bisection finds nothing or cannot run: a diagnosis never breaks the check it
+    explains."""
+    try:
+        return statement(bisect_check(check, tape_factory()))
+    except Exception:  # an explanation that cannot be computed is no explanation
+        if os.environ.get("GRADLAB_DEBUG"):
+            raise
+        return ""
 
 
 # --- the lab's model ------------------------------------------------------------------------

@@ -32,7 +32,9 @@ is wrong) and tests the common bug shapes in turn, from the most specific:
                             one to four substitutions: a step of the backward reading another
                             tensor of the same shape (or 1: a factor left out) in place of its
                             upstream gradient or of an operand of its derivative, or a step
-                            skipped (checks.substitution)
+                            skipped (checks.substitution); failing those, G = R T or G T = R
+                            element by element, T a tensor of the case (a factor of a product
+                            taken once too often or left out: the gain in a bias gradient)
 
 A pattern fits when G and the transformed R agree to ``fit_tol`` (a few times the check's
 tolerance), normwise.  When none fits, the diagnosis says so.
@@ -48,7 +50,8 @@ import numpy as np
 from checks.attribution import fit_path_per_slice, fit_paths, representative
 from checks.legs import normwise
 from checks.localise import position, structure
-from checks.substitution import equal_to as substitution_equal, fit as substitution_fit
+from checks.substitution import (equal_to as substitution_equal, fit as substitution_fit,
+                                 times as substitution_times)
 
 NO_PATTERN = "no common bug pattern fits"
 FIT_FACTOR = 8  # a pattern fits when G matches it within FIT_FACTOR x the check's tolerance
@@ -431,9 +434,17 @@ def _substituted(name, g, ref, ctx, fit):
                 + (" (its axes reordered or reshaped to fit)" if moved else "")
                 + f": another tensor returned in place of d{name}")
     found = substitution_fit(g - ref, column, catalogue.subs, ref, fit)
-    if found is None:
+    if found is not None:
+        return "; ".join(s.describe() for s in found.subs)
+    product = substitution_times(g, ref, catalogue.tensors, fit)
+    if product is None:
         return ""
-    return "; ".join(s.describe() for s in found.subs)
+    tensor, extra = product
+    if extra:
+        return (f"the hand d{name} is the right gradient times {tensor.describe()}, element by "
+                f"element: a factor of a product taken once too often")
+    return (f"the hand d{name} times {tensor.describe()}, element by element, is the right "
+            f"gradient: a factor of a product left out")
 
 
 def _path_phrase(site, a, constants, rel):

@@ -123,8 +123,10 @@ class LayerCheck:
 
     def __init__(self, forward, backward, oracle, inputs, params, *, static=None, nondiff=(),
                  seed=0, name="layer", input_names=None, axes=None, sizes=None, fd="central",
-                 policy=tolerances.DEFAULT, dout=None):
+                 policy=tolerances.DEFAULT, dout=None, tape=None):
         self.forward_fn, self.backward_fn, self.oracle_fn = forward, backward, oracle
+        # a composition's tape factory (checks.bisection): its failure is bisected to a stage
+        self.tape = tape
         self.inputs, self.params = contract.inputs_list(inputs), params
         self.static, self.nondiff, self.seed, self.name = dict(static or {}), set(nondiff), seed, name
         self.input_names, self.axes, self.sizes = input_names, dict(axes or {}), sizes
@@ -487,6 +489,7 @@ class LayerCheck:
                       ids=[x for x in self.host_inputs if x.dtype.kind in "iu"],
                       dout=self.dout64, slice_vjp=_slice_vjp(self.ref, self.dout64),
                       heads=(self.sizes or {}).get("H"), **self._explain_hooks())
+        on_hand = []
         for result in self.results:
             if result.ok or result.name not in pairs or pairs[result.name][0] is None \
                     or result.score <= 1:  # nothing to explain between hand and oracle
@@ -494,6 +497,7 @@ class LayerCheck:
             g_hand, g_auto = pairs[result.name]
             suspect, trusted = (g_auto, g_hand) if result.verdict.kind in BLAMES_ORACLE else \
                 (g_hand, g_auto)
+            on_hand += [result] if result.verdict.kind not in BLAMES_ORACLE else []
             result.diagnosis = diagnose(result.name, suspect, trusted, ctx,
                                         self._fit_tol(result))
             result.difference = suspect - trusted
@@ -501,15 +505,29 @@ class LayerCheck:
             result.location = locate(result.worst, result.shape, self.axes.get(result.name))
             if not self.forward_ok:
                 result.note = "moot while the forward disagrees with the oracle"
+        if on_hand and self.tape is not None and self.forward_ok:
+            self._bisect(on_hand)
+
+    def _bisect(self, results):
+        """A composition's wrong stage or glue (checks.bisection), added to the diagnosis of
+        every tensor blamed on the hand: a wrong stage smears a different error into every
+        gradient below it, which no pattern of one tensor fits, but the stage-by-stage check
+        finds it.  Run only on a failure; nothing is added when it finds nothing."""
+        from checks.bisection import explain_failure
+        found = explain_failure(self, self.tape)
+        for result in results if found else ():
+            result.diagnosis = f"{result.diagnosis}; {found}" if result.diagnosis else found
 
     def _explain_hooks(self):
         """What checks.diagnosis needs beyond the gradients: the dtype, the oracle's paths and,
         for a low-precision check, the same kernel run in float64 (checks.explain)."""
         from checks.explain import float64_rerun
         from checks.attribution import for_oracle
+        from checks.substitution import cached_arrays
         names = {i: self.names[i] for i in self.diff_idx}
         tol64 = lambda j: self._tol_at(j, np.float64)
-        return dict(dtype=str(self.dtype), paths=for_oracle(self.ref, self.dout64, names),
+        cached = lambda: cached_arrays(self.cache)  # copied only if the substitutions are built
+        return dict(dtype=str(self.dtype), paths=for_oracle(self.ref, self.dout64, names, cached),
                     other_static=self._other_static(),
                     float64=None if self.dtype == np.float64 else float64_rerun(
                         self.forward_fn, self.backward_fn, self.inputs64, self.params64,

@@ -57,6 +57,8 @@ PATTERNS = (
     ("in place of the other operand", "substituted operand"),
     ("the gradient arriving at the result of", "substituted gradient"),
     ("another tensor returned in place of", "another tensor returned"),
+    ("a factor of a product taken once too often", "tensor factor"),
+    ("a factor of a product left out", "tensor factor"),
     ("the gradient skips the step", "step skipped"),
     ("identically zero", "zero"),
     ("wrong sign: the gradient is -1", "sign"),
@@ -83,6 +85,9 @@ PATTERNS = (
     ("wrong only in", "located"),
     ("exact at", "located"),
     ("triangle", "located"),
+    # a composition's failure bisected (checks.bisection), when nothing above names it
+    ("'s backward is wrong, the stages after it agree", "wrong stage"),
+    ("the glue between", "wrong glue"),
 )
 
 

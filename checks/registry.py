@@ -45,6 +45,9 @@ class Row:
     #                                                        rejects them for it)
     # overrides of checks.tolerances.Policy: {field: value} or {dtype name: {field: value}}
     tolerance: dict = dataclasses.field(default_factory=dict)
+    # a composition of stages (the whole model): () -> a checks.bisection.Tape for its forward's
+    # tape= (its oracle takes probes=), so that a failure is bisected to its wrong stage
+    tape: Callable | None = None
 
     def policy(self, dtype):
         """The tolerance policy this row is checked under at one dtype."""
@@ -114,6 +117,12 @@ def _dropout_case(rng, dtype, s):
 
 
 MODEL_SIZES = {"D": 6, "H": 2, "F": 8, "V": 4}
+
+
+def _model_tape():
+    """The model's tape (checks.bisection imports this module: looked up when a check fails)."""
+    from checks.bisection import model_tape
+    return model_tape()
 
 
 def _model_case(rng, dtype, s):
@@ -189,7 +198,7 @@ ROWS = [
     # per check; every layer gets them in its own row, the model its random directions
     Row("model", whole_model.model_forward, whole_model.model_backward, reference.model,
         _model_case, input_names=("src", "tgt"), tolerance={"FD_ELEMENTWISE_MAX": 0},
-        fixed=MODEL_SIZES),
+        fixed=MODEL_SIZES, tape=_model_tape),
     # QK-norm cross-attention (S != T); self-attention is z = x, checked through the model.
     # Gains are standard normals, not the initial ones, so a gradient missing a gain shows.  Each
     # head's layer norm over P = 2 features is +-1 whatever q is (pure cancellation, as the
@@ -244,7 +253,7 @@ def layer_check(row, dtype, *, seed=0, sizes=None, xp=np, fd="central", backward
     return LayerCheck(row.forward, backward or row.backward, row.oracle, inputs, params,
                       static=static, nondiff=row.nondiff, seed=seed, name=row.name,
                       input_names=row.input_names, axes=row.axes, sizes=named_sizes(sizes, row),
-                      fd=fd, policy=row.policy(dtype))
+                      fd=fd, policy=row.policy(dtype), tape=row.tape)
 
 
 def run_row(row, dtype, **options):

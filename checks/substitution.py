@@ -20,7 +20,9 @@ cotangent dy for the check's dout; for an equation y = f(x_0, x_1, ...) and one 
                             to an order of axes): its local derivative left out
 
 with X any other value, constant or cotangent of the program, an input, an input's gradient,
-dout or 1, with the shape required, its axes in any order (the case's other tensors of that
+dout, 1, or a field of the hand forward's own cache (``cached``: a kernel that writes the
+derivative in another form than the oracle keeps values the oracle never forms, the normalised
+x of a layer norm), with the shape required, its axes in any order (the case's other tensors of that
 shape are the candidates).  Each such error is the inputs' gradient when one slot of the
 program (y, y_p with the other operands held, or f(x_p, X) - f(x_p, x_other)) receives an extra
 cotangent (X - dy, or dy), so all of them come out of one vjp of the slots, vmapped.  A hand error H - G
@@ -31,6 +33,7 @@ of those tensors whole (``equal_to``) is named as that tensor.  Nothing here kno
 from __future__ import annotations
 
 import collections
+import hashlib
 import itertools
 import os
 from typing import NamedTuple
@@ -71,7 +74,8 @@ class Record(NamedTuple):
 
 class Tensor(NamedTuple):
     """A value of the oracle's program or its cotangent: a candidate for a substitution."""
-    kind: str       # "value", "cotangent", "input", "input gradient", "dout" or "one"
+    kind: str       # "value", "cotangent", "input", "input gradient", "dout", "one" or
+    #                 "cached" (a field of the hand forward's cache)
     primitive: str
     where: str
     text: str
@@ -89,6 +93,8 @@ class Tensor(NamedTuple):
             return "1 (a factor left out)"
         if self.kind == "dout":
             return "the upstream gradient dout of the layer"
+        if self.kind == "cached":
+            return f"the hand's cached `{self.text}` (a field of its forward's cache)"
         if self.kind == "input":
             return f"the input {self.text}"
         if self.kind == "input gradient":
@@ -180,8 +186,10 @@ def _fits(have, want, most=MAX_PERMUTATIONS):
 class Substitutions:
     """The substitution columns of one oracle at one point, for one upstream gradient."""
 
-    def __init__(self, fn, diff_values, params, dout, labels=()):
-        """labels: the names of the diff values, in order (x, z ...)."""
+    def __init__(self, fn, diff_values, params, dout, labels=(), cached=()):
+        """labels: the names of the diff values, in order (x, z ...).  cached: (name, array)
+        of the hand forward's cache, candidates beside the program's own tensors."""
+        self.cached = [(name, np.asarray(a, np.float64)) for name, a in cached]
         self.labels = list(labels) + [f"input {i}" for i in range(len(labels),
                                                                    len(diff_values))]
         self.args = ([jnp.asarray(v) for v in diff_values],
@@ -244,7 +252,8 @@ class Substitutions:
 
     def tensors(self):
         """Every tensor a hand backward can read by mistake, (Tensor, array): dout, the
-        inputs and their gradients, every value of the program and its cotangent."""
+        inputs and their gradients, every value of the program and its cotangent, and the
+        fields of the hand forward's cache."""
         out = [(Tensor("dout", "", "", "", 0), np.asarray(self.dout))]
         for label, x, g in self.inputs:
             out += [(Tensor("input", "", "", label, 0), x),
@@ -256,6 +265,8 @@ class Substitutions:
             out += [(Tensor("constant", name, r.where, r.text, r.order), x)
                     for x, active in zip(r.ins, r.flags)
                     if not active and x.ndim and _is_float(x)]  # a table, a mask
+        # last: a field equal to one of the program's tensors is named as that tensor
+        out += [(Tensor("cached", "", "", name, 0), a) for name, a in self.cached]
         return out
 
     def _candidates(self, shape, near, exclude):
@@ -270,8 +281,9 @@ class Substitutions:
         # 1: a factor of a product, or the upstream gradient of a step, left out
         found, arrays = [(Tensor("one", "", "", "", 0), np.ones(shape))], \
             [np.asarray(x) for x in exclude] + [np.ones(shape)]
-        rank = lambda t: (t[0].primitive in PLUMBING, abs(t[0].order - near) if t[0].order
-                          else -1)
+        # the hand's cache last: it only adds to the program's own, within MAX_CANDIDATES
+        rank = lambda t: (t[0].kind == "cached", t[0].primitive in PLUMBING,
+                          abs(t[0].order - near) if t[0].order else -1)
         for tensor, array in sorted(self.tensors(), key=rank):
             if sorted(array.shape) != sorted(shape) or not np.any(array) \
                     or not np.all(np.isfinite(array)):
@@ -432,6 +444,25 @@ def equal_to(g, ref, tensors, fit_tol):
     return None
 
 
+def times(g, ref, tensors, fit_tol):
+    """(Tensor, extra) where the hand gradient g is the right one times a tensor of the case
+    element-wise (extra True: g = ref T, a factor of a product taken once too often) or divided
+    by it (extra False: g T = ref, a factor left out), T of g's shape and not constant (a
+    constant is a scale, named before); None when none is."""
+    scale = float(np.max(np.abs(ref))) if ref.size else 0.0
+    if scale == 0.0 or float(np.max(np.abs(g - ref))) <= fit_tol * scale:
+        return None
+    for tensor, array in tensors:
+        if array.shape != g.shape or not np.all(np.isfinite(array)) \
+                or np.ptp(array) <= fit_tol * float(np.max(np.abs(array))):
+            continue
+        if float(np.max(np.abs(g - ref * array))) <= fit_tol * scale:
+            return tensor, True
+        if float(np.max(np.abs(g * array - ref))) <= fit_tol * scale:
+            return tensor, False
+    return None
+
+
 class Found(NamedTuple):
     subs: list       # [Sub]
     residual: float
@@ -478,23 +509,58 @@ def _combinations(C, ev, ranked, good, unit):
     return None
 
 
-def for_oracle(oracle, dout, names):
+def for_oracle(oracle, dout, names, cached=()):
     """name -> (columns, subs) for every checked tensor of a ``checks.legs.Oracle``, built on
-    first use (None where the oracle cannot be traced or is too large)."""
-    return per_name(lambda: _build(oracle, dout, names), names)
+    first use (None where the oracle cannot be traced or is too large).  cached: (name, array)
+    of the hand forward's cache (``cached_arrays``), candidates too, or a function that returns
+    them (called on first use: a check that never reaches the substitutions copies nothing)."""
+    return per_name(lambda: _build(oracle, dout, names,
+                                   tuple(cached() if callable(cached) else cached)), names)
+
+
+def cached_arrays(cache) -> list:
+    """(name, float64 array) of the floating arrays at the top of a hand forward's cache (a
+    NamedTuple's fields by name, a tuple's items as cache[i], a dict's entries): what its
+    backward reads besides the upstream gradient.  Nested caches are left out."""
+    if hasattr(cache, "_fields"):
+        items = [(f, getattr(cache, f)) for f in cache._fields]
+    elif isinstance(cache, (tuple, list)):
+        items = [(f"cache[{i}]", x) for i, x in enumerate(cache)]
+    elif isinstance(cache, dict):
+        items = [(f"cache[{k!r}]", x) for k, x in cache.items()]
+    else:
+        return []
+    out = []
+    for name, x in items:
+        if getattr(x, "dtype", None) is None or getattr(x, "ndim", 0) == 0:
+            continue
+        host = np.asarray(x.get() if hasattr(x, "get") else x)  # CuPy: to the host
+        if _is_float(host):
+            out.append((name, host.astype(np.float64)))
+    return out
+
+
+def _cached_key(cached):
+    digest = hashlib.sha1()
+    for name, a in cached:
+        a = np.ascontiguousarray(a)
+        digest.update(f"{name}{a.dtype}{a.shape}".encode())
+        digest.update(a.tobytes())
+    return digest.hexdigest()
 
 
 _BUILT = collections.OrderedDict()
 KEEP_BUILT = 8
 
 
-def _build(oracle, dout, names):
-    return built_once(_BUILT, lambda: (_case_key(oracle, dout), tuple(sorted(names.items()))),
-                      lambda: _build_now(oracle, dout, names),
+def _build(oracle, dout, names, cached=()):
+    return built_once(_BUILT, lambda: (_case_key(oracle, dout), tuple(sorted(names.items())),
+                                       _cached_key(cached)),
+                      lambda: _build_now(oracle, dout, names, cached),
                       lambda: len(_BUILT) > KEEP_BUILT)
 
 
-def _build_now(oracle, dout, names):
+def _build_now(oracle, dout, names, cached=()):
     try:
         program = oracle_program(oracle)
         if program is None:
@@ -502,7 +568,7 @@ def _build_now(oracle, dout, names):
         fn, diff_values, size = program
         diff_idx = oracle.diff_idx
         s = Substitutions(fn, diff_values, oracle.params, dout,
-                          [names.get(i, f"input {i}") for i in diff_idx])
+                          [names.get(i, f"input {i}") for i in diff_idx], cached)
         if (len(s.records) > MAX_EQUATIONS or len(s.subs) * size > MAX_COLUMN_ELEMENTS
                 or len(s.subs) * s.cotangent_elements() > MAX_COTANGENT_WORK):
             return None

@@ -142,3 +142,64 @@ def test_a_factor_of_a_product_left_out_is_named_by_its_source():
     text = _only_w_fails(dw_from="one")
     assert "reads 1 (a factor left out) in place of the other operand" in text
     assert "of `mul`" in text and "(`jnp.tanh(x) * params[\"w\"]`)" in text
+
+
+def test_a_field_of_the_hand_cache_read_in_place_of_dout_is_named():
+    """A layer norm's backward written with the normalised x (``xhat``), a value the oracle
+    never forms (it computes g (x - mean) / sqrt(var + eps)): dxhat = xhat g for dy g is named
+    by the hand forward's cached field, a candidate beside the program's own tensors."""
+    from checks.registry import BY_NAME, run_row
+    from kernels import layernorm as L
+
+    def backward(dy, cache):
+        dx = L.standardise_backward(cache.xhat * cache.g, cache.xhat, cache.inv_std)
+        D = dy.shape[-1]
+        return dx, {"g": (dy * cache.xhat).reshape(-1, D).sum(axis=0),
+                    "b": dy.reshape(-1, D).sum(axis=0)}
+    report = run_row(BY_NAME["layernorm"], np.float64, backward=backward)
+    bad = {t.name: t for t in report.tensors if not t.ok}
+    assert set(bad) == {"x"}, str(report)
+    assert "the hand's cached `xhat` (a field of its forward's cache)" in bad["x"].diagnosis, \
+        bad["x"].diagnosis
+
+
+def test_the_hand_cache_fields_are_named_and_only_float_arrays_kept():
+    from collections import namedtuple
+    from checks.substitution import cached_arrays
+    Cache = namedtuple("Cache", "y inv ids scale")
+    y = np.ones((2, 3), np.float32)
+    got = cached_arrays(Cache(y, np.ones((2, 1)), np.arange(3), 0.5))
+    assert [name for name, _ in got] == ["y", "inv"]
+    assert got[0][1].dtype == np.float64 and np.array_equal(got[0][1], y)
+    assert [name for name, _ in cached_arrays((y, None, {"a": y}))] == ["cache[0]"]
+    assert cached_arrays(object()) == [] and cached_arrays(None) == []
+
+
+def test_a_cached_field_equal_to_an_input_is_named_as_the_input():
+    """The gated layer caches x itself: reading it is named as the input, not as the field."""
+    text = _only_w_fails(dw_from="x")
+    assert "reads the input x in place of the other operand" in text
+    assert "cached" not in text
+
+
+def test_a_tensor_factor_taken_too_often_or_left_out_is_named():
+    """db = sum(dy g) for sum(dy) (the gain applied to the bias gradient): the hand db is the
+    right one times g, element by element; and the times pattern never fits a right gradient
+    nor a constant factor (a scale, named before it)."""
+    from checks.registry import BY_NAME, run_row
+    from checks.substitution import Tensor, times
+    from kernels import layernorm as L
+
+    def backward(dy, cache):
+        dx, grads = L.layernorm_backward(dy, cache)
+        return dx, {**grads, "b": (dy * cache.g).reshape(-1, dy.shape[-1]).sum(axis=0)}
+    report = run_row(BY_NAME["layernorm"], np.float64, backward=backward)
+    bad = {t.name: t for t in report.tensors if not t.ok}
+    assert set(bad) == {"b"}, str(report)
+    assert "the hand db is the right gradient times the input g, element by element" \
+        in bad["b"].diagnosis, bad["b"].diagnosis
+    ref, f = RNG.standard_normal(6), RNG.standard_normal(6)
+    tensors = [(Tensor("input", "", "", "f", 0), f), (Tensor("one", "", "", "", 0), np.full(6, 2.0))]
+    assert times(ref * f, ref, tensors, 1e-8)[1] is True
+    assert times(ref / f, ref, tensors, 1e-8)[1] is False
+    assert times(ref, ref, tensors, 1e-8) is None and times(2 * ref, ref, tensors, 1e-8) is None
