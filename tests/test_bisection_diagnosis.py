@@ -72,6 +72,7 @@ def blamed(report):
     return [t for t in report.tensors if not t.ok and t.diagnosis]
 
 
+@pytest.mark.slow  # the whole model and its stages compiled: about 20 s (make test-slow)
 def test_a_residual_dropped_in_one_stage_is_bisected_to_that_stage(no_tensor_pattern):
     planted = model_copy(_pair=residual_dropped_in("dec0.ff"))
     report = run_row(MODEL, np.float64, backward=planted["model_backward"])
