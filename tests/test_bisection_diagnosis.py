@@ -85,7 +85,7 @@ def test_a_residual_dropped_in_one_stage_is_bisected_to_that_stage(no_tensor_pat
         assert pattern_of(t.diagnosis), t.diagnosis
 
 
-@pytest.mark.slow  # the whole model bisected stage by stage: about 20 s (make test-slow)
+@pytest.mark.slow  # the whole model bisected stage by stage: 61 s on a loaded machine (make test-slow)
 def test_a_gradient_lost_between_right_stages_is_named_as_glue(no_tensor_pattern):
     planted = model_copy(_sublayer_backward=dz_lost_in("dec1.cross"))
     report = run_row(MODEL, np.float64, backward=planted["model_backward"])
