@@ -438,17 +438,22 @@ _BUILT = collections.OrderedDict()  # the last few cases' attributions, by their
 KEEP_BUILT = 8                      # cases at most, and MAX_COLUMN_ELEMENTS elements in all
 
 
+def arrays_digest(arrays, names=()) -> str:
+    """A digest of the exact bytes, dtypes and shapes of arrays (and of their names, if given)."""
+    digest = hashlib.sha1()
+    for name, a in itertools.zip_longest(names, arrays, fillvalue=""):
+        a = np.ascontiguousarray(np.asarray(a))
+        digest.update(f"{name}{a.dtype}{a.shape}".encode())
+        digest.update(a.tobytes())
+    return digest.hexdigest()
+
+
 def _case_key(oracle, dout):
     """The oracle, its static arguments and the exact bytes of every array it sees."""
-    digest = hashlib.sha1()
     arrays = list(oracle.inputs) + [oracle.params[k] for k in sorted(oracle.params)] \
         + [oracle.arrays[k] for k in sorted(oracle.arrays)] + [dout]
-    for a in arrays:
-        a = np.ascontiguousarray(np.asarray(a))
-        digest.update(f"{a.dtype}{a.shape}".encode())
-        digest.update(a.tobytes())
     return oracle.oracle, oracle.static_items, oracle.diff_idx, tuple(sorted(oracle.params)), \
-        digest.hexdigest()
+        arrays_digest(arrays)
 
 
 def _build(oracle, dout):

@@ -213,7 +213,8 @@ class RoundingModel:
         counter = _Noise("record", self.record, kept=kept)
         jax.eval_shape(lambda f: self._eval(f, counter), flat)
         self.has_branches = counter.branches > 0
-        self.elements = sum(math.prod(shape) for shape, _ in self.record)
+        self.sizes = [math.prod(shape) for shape, _ in self.record]
+        self.elements = sum(self.sizes)
         # beyond LARGE_ELEMENTS a program runs one sample at a time, its noise sliced from a
         # pool (``_pool_noise``), every part at once where the roundoffs are known (``_large``);
         # below, a chunk's draws are made on the host and feed every part
@@ -230,7 +231,6 @@ class RoundingModel:
         self._moves_run = jax.jit(self._moves, compiler_options=FAST_COMPILE)
         self._one_by_one_run = jax.jit(self._one_by_one, compiler_options=FAST_COMPILE)
         self.used = tuple(sorted({p for _, p in self.record}))
-        self.sizes = [math.prod(shape) for shape, _ in self.record]
         # operation -> index of its amplitude kept from the exact run: every operation's in a
         # small program (the perturbed runs then trace no |value|), only the sums' beyond
         # LARGE_ELEMENTS (every amplitude kept would take as much memory as a sample)
@@ -281,23 +281,23 @@ class RoundingModel:
         """One sample's noise of every operation: operation k reads signs[k] x pool[offsets[k]:
         offsets[k] + its size].  Distinct elements of one operation read distinct entries, and
         two operations' noises are uncorrelated (independent random signs), so the expected
-        squared deviation of every output is that of independent draws; drawing a pool once
-        costs what 1/20 of the model's operations would (a random-number call per operation,
-        or per part, takes longer than the perturbed run itself)."""
+        squared deviation of every output is that of independent draws.  A slice costs a copy;
+        a random-number call per part took longer than the perturbed run itself (37 s against
+        1.2 s per sample of the whole model at the bench's size)."""
         return [signs[k] * jax.lax.dynamic_slice(pool, (offsets[k],), (n,)).reshape(shape)
                 for k, (n, (shape, _)) in enumerate(zip(self.sizes, self.record))]
 
-    def _one_sample(self, flat, exact, amplitudes, pool, offsets, signs, weights):
+    def _one_sample(self, flat, exact, pool, offsets, signs, weights):
         """A large program's perturbed run for one sample (``_pool_noise``), operation k of part
         p at noise scale weights[p] (zero: unperturbed): per output, its squared deviation and
         the deviation's projections (``_projected``); per comparison, its margin's squared
         deviation."""
+        outputs, amplitudes, exact_margins = exact
         noise = _Noise("perturb", amplitudes, kept=self.kept,
                        scale=lambda k: weights[self.record[k][1]],
                        preds=[] if self.has_branches else None,
                        noises=self._pool_noise(pool, offsets, signs))
         outs, margins = self._eval(flat, noise), noise.preds or []
-        outputs, _, exact_margins = exact
         # a non-finite result the perturbations leave unchanged (a -inf mask) deviates by 0
         deviations = [jnp.where(p == e, 0.0, p - e) for p, e in zip(outs, outputs)]
         return ([d ** 2 for d in deviations], _projected([d[None] for d in deviations], outputs),
@@ -313,7 +313,7 @@ class RoundingModel:
         for _ in range(self.samples):
             offsets = rng.integers(0, POOL, len(self.record), dtype=np.int32)
             signs = rng.choice(np.array([-1.0, 1.0], np.float32), len(self.record))
-            got = self._sample_run(flat, exact, exact[1], pool, offsets, signs, weights)
+            got = self._sample_run(flat, exact, pool, offsets, signs, weights)
             got = [[np.asarray(a, np.float64) for a in group] for group in got]
             total = got if total is None else [[a + b for a, b in zip(t, g)]
                                                for t, g in zip(total, got)]

@@ -33,7 +33,6 @@ of those tensors whole (``equal_to``) is named as that tensor.  Nothing here kno
 from __future__ import annotations
 
 import collections
-import hashlib
 import itertools
 import os
 from typing import NamedTuple
@@ -43,9 +42,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.extend import core as jcore
 
-from checks.attribution import (CALLS, MAX_EQUATIONS, PLUMBING, _case_key, _frame, _is_float,
+from checks.attribution import (CALLS, MAX_EQUATIONS, PLUMBING, _case_key, arrays_digest, _frame, _is_float,
                                 _ranked,
                                 built_once, greedy, oracle_program, per_name)
+from kernels.backend import to_numpy
 
 PRODUCTS = {"mul", "div", "dot_general", "pow", "max", "min", "atan2"}  # two operands,
 #                                 each in the derivative into the other
@@ -534,19 +534,14 @@ def cached_arrays(cache) -> list:
     for name, x in items:
         if getattr(x, "dtype", None) is None or getattr(x, "ndim", 0) == 0:
             continue
-        host = np.asarray(x.get() if hasattr(x, "get") else x)  # CuPy: to the host
+        host = np.asarray(to_numpy(x))  # CuPy: to the host
         if _is_float(host):
             out.append((name, host.astype(np.float64)))
     return out
 
 
 def _cached_key(cached):
-    digest = hashlib.sha1()
-    for name, a in cached:
-        a = np.ascontiguousarray(a)
-        digest.update(f"{name}{a.dtype}{a.shape}".encode())
-        digest.update(a.tobytes())
-    return digest.hexdigest()
+    return arrays_digest([a for _, a in cached], [name for name, _ in cached])
 
 
 _BUILT = collections.OrderedDict()
