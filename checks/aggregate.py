@@ -41,7 +41,13 @@ spread is (``Spread.at``).  A set passes when
   class's rows gave a whole-tensor bias of 0.7 u in bfloat16, which an independent-rounding
   rms would have failed);
 * kink_S: elements within rounding of a kink may take either branch (``RoundingModel.kinks``):
-  sum_S |moved_i| |g_i| / sum_S g_i^2 bounds what that does to b_S.
+  sum_S |moved_i| |g_i| / sum_S g_i^2 bounds what that does to b_S.  An element that a flip
+  moves by more than its own rounding spread (|moved_i| > s_i) is left out of every set
+  (``Bands.keep``): a correct kernel may move it by a whole branch's difference, which one
+  element can make larger than the rest of the set's band (one flip of leaky ReLU in one of a
+  feed-forward block's 2048 tokens moves its db1's whole-tensor bias by about 2e-5), and the
+  element-wise rule judges it with that move in its tolerance.  The statistic, its band and
+  FD's direction are then those of the rest of the set.
 
 A set whose g is identically zero is not judged (no direction to be biased along).  A tensor
 or slice outside its band fails; the blame follows finite differences along that set's own
@@ -115,10 +121,12 @@ def pools(g2, g4, policy):
 
 class Bands(NamedTuple):
     """The aggregate test of one tensor: per set (``slice_sums``' order), sum g^2 and the band
-    of b; sets with sum g^2 = 0, or carried by fewer than BIAS_MIN_ELEMENTS elements, have an
-    infinite band (not judged)."""
-    norms: np.ndarray   # (sets,) sum_S g_i^2
+    of b over the set's kept elements; sets with sum g^2 = 0, or carried by fewer than
+    BIAS_MIN_ELEMENTS elements, have an infinite band (not judged)."""
+    norms: np.ndarray   # (sets,) sum_S g_i^2 over the kept elements
     band: np.ndarray    # (sets,) band_S
+    keep: np.ndarray | float = 1.0   # like g: 1 where an element is judged, 0 where a kink's
+    #                                  move exceeds its rounding (module docstring)
 
 
 def bands(projection_rms, element_rms, g, moved, *, floor_u, final_u, policy) -> Bands:
@@ -127,18 +135,27 @@ def bands(projection_rms, element_rms, g, moved, *, floor_u, final_u, policy) ->
     g autodiff's gradient, moved the kink bound (an array like g, or 0), floor_u the roundoff
     of the constants, final_u the format returned."""
     g = np.asarray(g, np.float64)
+    element_rms = np.asarray(element_rms, np.float64)
+    moved = np.abs(np.broadcast_to(moved, g.shape))
+    keep = (moved <= element_rms).astype(np.float64) if np.any(moved) else 1.0
+    everywhere = np.sqrt(slice_sums((element_rms * g) ** 2))
+    g = g * keep  # left-out elements weigh nothing in any set
     g2 = slice_sums(g * g)
     # the model's deviations are correlated as the oracle's program makes them; a correct
     # kernel that orders its operations otherwise errs independently element by element, with
     # the same rms: its projection's rms is sqrt(sum_S s_i^2 g_i^2) (a gradient that cancels
     # along g in the oracle's program, as a peaked softmax's, need not cancel in the kernel's)
-    independent = np.sqrt(slice_sums((np.asarray(element_rms, np.float64) * g) ** 2))
+    independent = np.sqrt(slice_sums((element_rms * g) ** 2))
     with np.errstate(divide="ignore", invalid="ignore"):
-        sigma = np.maximum(np.asarray(projection_rms, np.float64), independent) / g2
+        # the model's projections are over whole sets: with elements left out, in proportion
+        # to the independent rms of what is kept
+        correlated = np.asarray(projection_rms, np.float64) * np.where(
+            everywhere > 0, independent / everywhere, 1.0)
+        sigma = np.maximum(correlated, independent) / g2
         # the final rounding to the returned format, |r_i| <= final_u |g_i|, moves b_S by at
         # most final_u whatever its correlation: equal values round alike (a dominant class's
         # rows: a whole-tensor bias of 0.7 u in bfloat16), so no independence is assumed
-        kink = slice_sums(np.abs(np.broadcast_to(moved, g.shape)) * np.abs(g)) / g2
+        kink = slice_sums(moved * np.abs(g)) / g2
         band = (policy.BIAS_LAMBDA * sigma + policy.BIAS_ULPS * floor_u
                 + final_u + kink)
         # a set carried by a few elements (a slice of one element, a dominant class's logit, a
@@ -146,7 +163,7 @@ def bands(projection_rms, element_rms, g, moved, *, floor_u, final_u, policy) ->
         # at LAMBDA (calibration in float16: such sets failed at up to 2e3 times this band)
         judged = pools(g2, slice_sums(g ** 4), policy)
     band = np.where(judged, band, np.inf)
-    return Bands(g2, band)
+    return Bands(g2, band, keep)
 
 
 class Outside(NamedTuple):
@@ -156,6 +173,7 @@ class Outside(NamedTuple):
     bias: float       # b_S
     band: float       # band_S
     ratio: float      # |b_S| / band_S (> 1)
+    keep: np.ndarray | float = 1.0  # the elements judged (``Bands.keep``)
 
     def reason(self, name) -> str:
         sign = "+" if self.bias >= 0 else "-"
@@ -167,7 +185,7 @@ def worst(e, g, b: Bands, axes=None):
     """The set whose bias |b_S| / band_S is largest: (ratio, Outside or None when every set is
     within its band)."""
     with np.errstate(divide="ignore", invalid="ignore"):
-        bias = slice_sums(np.asarray(e, np.float64) * g) / b.norms
+        bias = slice_sums(np.asarray(e, np.float64) * g * b.keep) / b.norms
         ratio = np.where(np.isfinite(b.band), np.abs(bias) / b.band, 0.0)
     ratio = np.where(np.isnan(ratio), np.inf, ratio)  # a NaN bias (non-finite hand) fails
     if ratio.size == 0:
@@ -177,7 +195,7 @@ def worst(e, g, b: Bands, axes=None):
     if top <= 1:
         return top, None
     return top, Outside(k, slice_labels(np.shape(g), axes)[k], float(bias[k]),
-                        float(b.band[k]), top)
+                        float(b.band[k]), top, b.keep)
 
 
 def examine(fd, key, x, h, g, out: Outside) -> Element:
@@ -186,7 +204,7 @@ def examine(fd, key, x, h, g, out: Outside) -> Element:
     and the hand's allowance band_S sum_S g^2 / |g_S| (``checks.evidence.along``)."""
     v = np.zeros(np.shape(g))
     where = slice_mask(np.shape(g), out.k)
-    v[where] = g[where]
+    v[where] = (g * out.keep)[where]
     norm = float(np.linalg.norm(v))
     v = v / norm
     return along(fd, key, x, v, float(np.linalg.norm(g)) or 1.0, float(np.sum(h * v)),

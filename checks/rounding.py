@@ -14,17 +14,25 @@ gradient) as one program, then re-run that program with every rounding operation
     every operation with a floating result (add, mul, exp, rsqrt, dot ...)
                                     + u_e xi |out|                        (the result's rounding)
     matrix products of k terms (dot_general)
-                                    + u_s xi sqrt(1 + log2 k) sum|terms|  (the accumulation)
+                                    + u_s xi A                            (the accumulation)
     sums of k terms (reduce_sum, cumsum, scatter-add)
-                                    + u_e xi max(sqrt(1 + log2 k) sum|terms|, sqrt(sum_i S_i^2))
+                                    + u_e xi max(A, sqrt(sum_i S_i^2))
+    A = sqrt((k + 1) (sum_i t_i^2 + 2 S^2) / 6)
     exact operations (reshape, select, max, neg, convert ...)   unchanged
     array constants of the program (a table the oracle computes in NumPy)
                                     + u_e xi |value|             (the kernel holds them rounded)
 
 with xi ~ N(0, 1) independent for every operation and element (Monte Carlo arithmetic, Parker
-1997; sqrt(1 + log2 k) is the random-walk growth of a pairwise or blocked sum, Higham & Mary 2019;
-S_i = t_1 + ... + t_i are the partial sums of a sum taken one term after the other, as NumPy sums
-along a non-contiguous axis and ml_dtypes' bfloat16 always: each step rounds S_i, Higham 4.2).
+1997).  A sum taken one term after the other rounds every partial sum S_i = t_1 + ... + t_i
+(Higham 4.2): its error is sum_i delta_i S_i, of rms u sqrt(sum_i S_i^2).  A is that rms for the
+same k terms taken in a uniformly random order (``_random_order``; S the total): about
+k rms|t| / sqrt(2) for terms of random sign, k^(3/2) |t| / sqrt(3) for terms of one sign.  It
+bounds what a pairwise or blocked sum (BLAS, NumPy along a contiguous axis) makes of the same
+terms, whose partial sums are smaller, and it does not depend on an order the kernel may not
+share; a sum whose order is known to be the index order (NumPy along a non-contiguous axis,
+ml_dtypes' bfloat16 always) is charged at least that order's own sqrt(sum_i S_i^2).  An earlier
+model charged sqrt(1 + log2 k) sum|terms| (a worst case of the pairwise sum's growth, Higham &
+Mary 2019), about sqrt(log2 k) sqrt(k) times more for terms of random sign.
 A matrix product's accumulation is its own part (``forward_sums``, ``backward_sums``), at the
 roundoff of the format it accumulates in; a sum's accumulation rounds with the sum's results, at
 the roundoff of its results: plain NumPy on half-precision arrays accumulates a product in
@@ -60,8 +68,8 @@ so each sample is one run instead of six (``Spread``'s combined form, which comp
 part by part only if other roundoffs are asked for).  Its noise is sliced from one pool of
 normal draws at random offsets with random signs (``_pool_noise``: the same expected squared
 deviations as independent draws, where a random-number call per operation costs more than the
-run); only the amplitudes of sums' accumulations (sum|terms|, a second product for a matrix
-product) come from the exact run, every other amplitude is the result's own |value|, taken in
+run); only the amplitudes of sums' accumulations (A, a second product, of the squares, for a
+matrix product) come from the exact run, every other amplitude is the result's own |value|, taken in
 the perturbed run itself (equal to first order in u).  The kink runs take the same draws as the
 spreads.
 
@@ -115,7 +123,7 @@ ONE_BY_ONE_BATCH = (16, 128)  # flips per compiled batch: as many as 2**25 recor
 KINK_SIGMAS = 8.0    # a predicate within this many spreads of its margin (the rms of the
 #                      comparison's operand difference under the model's noise, each operation at
 #                      its full roundoff) may flip in a kernel: beyond it a Gaussian error has odds
-#                      of 1e-15, and the model already charges a sum its pairwise worst-case growth
+#                      of 1e-15, and the model charges a sum the growth of one taken term by term
 CALLS = {"jit", "pjit", "closed_call", "core_call", "remat", "checkpoint", "custom_jvp_call",
          "custom_vjp_call", "custom_vjp_call_jaxpr"}
 
@@ -191,11 +199,11 @@ def _pair(u):
 class RoundingModel:
     """The perturbed program of one oracle at fixed shapes; ``spread`` runs it on values.
 
-    One exact run records the noise amplitude of every sum's accumulation (sqrt(1 + log2 k)
-    sum|terms|); one compiled program, called once per part of the program and chunk of
+    One exact run records the noise amplitude of every sum's accumulation (A, module
+    docstring); one compiled program, called once per part of the program and chunk of
     samples, then runs that part's perturbed runs under ``jax.vmap``, which add amplitude x
     noise and nothing else (to first order in u the amplitude of the exact run is the amplitude
-    of the perturbed one, so the perturbed runs never recompute sum|terms|; a result's own
+    of the perturbed one, so the perturbed runs never recompute A; a result's own
     |value| they take as they go), and the spreads.  The spreads and the kink runs take the
     same draws (``_sampler``).  The programs are compiled without XLA's costly passes: a
     model, not a result."""
@@ -767,23 +775,35 @@ def _finite(amplitude):
 
 
 def _sum_amplitude(name, eqn, ins, out):
-    """sqrt(1 + log2 k) sum|terms| of a sum of k terms (pairwise or blocked); for reduce_sum and
-    cumsum at least sqrt(sum_i S_i^2), the partial sums' of a sum taken term by term."""
+    """The rms of the partial sums of a sum of k terms taken one after another in a random order,
+    sqrt((k + 1) (sum_i t_i^2 + 2 S^2) / 6) for the total S (module docstring); for reduce_sum
+    and cumsum at least sqrt(sum_i S_i^2), the partial sums' in index order."""
     params = eqn.params
     if name == "dot_general":
         (contract, _), _ = params["dimension_numbers"]
         k = math.prod(jnp.shape(ins[0])[d] for d in contract)
-        terms = eqn.primitive.bind(jnp.abs(ins[0]), jnp.abs(ins[1]), **params)
+        squares = eqn.primitive.bind(ins[0] * ins[0], ins[1] * ins[1], **params)
     elif name in ("reduce_sum", "cumsum"):
         axes = params.get("axes", (params.get("axis", 0),))
         k = math.prod(jnp.shape(ins[0])[d] for d in axes)
-        terms = eqn.primitive.bind(jnp.abs(ins[0]), **params)
-        pairwise = math.sqrt(1 + math.log2(max(k, 1))) * terms
-        return jnp.maximum(pairwise, _sequential(name, params, ins[0], out, axes))
+        squares = eqn.primitive.bind(ins[0] * ins[0], **params)
+        return jnp.maximum(_random_order(k, squares, out),
+                           _sequential(name, params, ins[0], out, axes))
     else:  # scatter-add: a few repeated ids add up
         k = 2
-        terms = eqn.primitive.bind(jnp.abs(ins[0]), ins[1], jnp.abs(ins[2]), **params)
-    return math.sqrt(1 + math.log2(max(k, 1))) * terms
+        squares = eqn.primitive.bind(ins[0] * ins[0], ins[1], ins[2] * ins[2], **params)
+    return _random_order(k, squares, out)
+
+
+def _random_order(k, squares, total):
+    """sqrt(E sum_i S_i^2) over the partial sums S_i = t_1 + ... + t_i of k terms in a uniformly
+    random order, from sum_i t_i^2 (``squares``) and S_k (``total``): E S_i^2 is i S / k squared
+    plus the variance of a sample of i of the k terms, which sum over i to (k + 1)(Q + 2 S^2) / 6.
+    Terms of random sign give about k rms|t| / sqrt(2), terms of one sign k^(3/2) |t| / sqrt(3):
+    the error of a sum taken one term after another (Higham 4.2), which bounds the same sum taken
+    pairwise or in blocks (BLAS, NumPy's pairwise sum), in any order that does not sort its
+    terms; a large term cancelled by another (1e8 - 1e8 + ...) enters through its square."""
+    return jnp.sqrt((k + 1) / 6.0 * (squares + 2.0 * total * total))
 
 
 def _sequential(name, params, x, out, axes):

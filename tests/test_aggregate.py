@@ -46,12 +46,14 @@ def test_a_band_is_its_floor_and_final_rounding_without_model_noise_plus_its_kin
     np.testing.assert_allclose(zero.band, (p.BIAS_ULPS + 1) * U32, rtol=1e-12)
     moved = np.zeros_like(g)
     moved[1, 2] = 0.3  # one element within rounding of a kink may move by 0.3
-    kinked = aggregate.bands(np.zeros(sets), np.zeros_like(g), g, moved, floor_u=U32,
-                             final_u=U32, policy=p)
-    assert kinked.band[0] - zero.band[0] == pytest.approx(0.3 / 12)
-    assert kinked.band[1 + 1] - zero.band[1 + 1] == pytest.approx(0.3 / 3)   # row 1
-    assert kinked.band[1 + 4 + 2] - zero.band[1 + 4 + 2] == pytest.approx(0.3 / 4)  # column 2
-    assert kinked.band[1] == pytest.approx(zero.band[1])                    # row 0: none
+    spread = np.full_like(g, 0.5)  # within its own rounding spread: kept
+    plain = aggregate.bands(np.zeros(sets), spread, g, 0.0, floor_u=U32, final_u=U32, policy=p)
+    kinked = aggregate.bands(np.zeros(sets), spread, g, moved, floor_u=U32, final_u=U32,
+                             policy=p)
+    assert kinked.band[0] - plain.band[0] == pytest.approx(0.3 / 12)
+    assert kinked.band[1 + 1] - plain.band[1 + 1] == pytest.approx(0.3 / 3)   # row 1
+    assert kinked.band[1 + 4 + 2] - plain.band[1 + 4 + 2] == pytest.approx(0.3 / 4)  # column 2
+    assert kinked.band[1] == pytest.approx(plain.band[1])                     # row 0: none
     # errors independent between elements, of the model's rms s_i per element: a band at
     # least BIAS_LAMBDA sqrt(sum s_i^2 g_i^2) / sum g_i^2 wide, whatever the model's projection
     s = np.full_like(g, 1e-6)
@@ -166,3 +168,32 @@ def test_a_peaked_attention_whose_gradient_cancels_in_the_oracle_is_no_false_ala
         report = run_row(BY_NAME["mhca"], np.dtype(dtype), seed=17, sizes=sizes,
                          transform=ILL["peaked attention"][1])
         assert report.ok, str(report)
+
+
+def test_an_element_a_kink_moves_beyond_its_rounding_is_left_out_of_every_set():
+    """A kink's move larger than the element's own spread: the element leaves every set (its
+    statistic, its band, FD's direction), and the rest of each set is judged as before."""
+    g = np.ones((4, 3))
+    p = tolerances.DEFAULT
+    sets = aggregate.slice_count(g.shape)
+    s = np.full_like(g, 1e-6)
+    moved = np.zeros_like(g)
+    moved[1, 2] = 0.3  # 3e5 spreads: a whole branch's difference
+    b = aggregate.bands(np.zeros(sets), s, g, moved, floor_u=U32, final_u=U32, policy=p)
+    assert b.keep[1, 2] == 0 and np.sum(b.keep) == 11
+    n = aggregate.slice_sums(b.keep)  # elements kept per set: 11, then rows, columns
+    assert n[0] == 11 and n[1 + 1] == 2 and n[1 + 4 + 2] == 3
+    # no kink term: what is left is the rounding of the kept elements and the floors
+    # (row 1 keeps 2 elements, fewer than BIAS_MIN_ELEMENTS: the element-wise rule's alone)
+    expected = p.BIAS_LAMBDA * 1e-6 / np.sqrt(n) + (p.BIAS_ULPS + 1) * U32
+    np.testing.assert_allclose(b.band, np.where(n >= p.BIAS_MIN_ELEMENTS, expected, np.inf),
+                               rtol=1e-9)
+    assert np.all(b.norms == n)
+    # the moved element's error, however large, is not the statistic's: the element-wise rule
+    # judges it (with the move in its tolerance)
+    e = np.zeros_like(g)
+    e[1, 2] = 0.3
+    assert aggregate.worst(e, g, b)[1] is None
+    # an error along g everywhere is still seen on the rest, at its full size
+    ratio, out = aggregate.worst(1e-3 * g, g, b)
+    assert out is not None and out.bias == pytest.approx(1e-3)
