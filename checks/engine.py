@@ -692,7 +692,12 @@ class Judge:
             rng = np.random.default_rng([int(ratio.argmax()), int(ratio.size)])
             elements = examine(self.fd, self.key, self.x, h, g, self.tol,
                                self.fd_tols.element_scale, pick(ratio, rng))
-            result.verdict = blame(elements, self.caveats(), auto_fd_ok, kink)
+            what = "elements"
+            if outside is not None:  # and along the set outside its band: a row x 1.05 in
+                # half precision is a few tolerances per element, many bands along its row
+                elements.append(aggregate.examine(self.fd, self.key, self.x, h, g, outside))
+                what = "elements and sets"
+            result.verdict = blame(elements, self.caveats(), auto_fd_ok, kink, what=what)
         if result.verdict.kind in (Kind.FD_SET_ASIDE, Kind.FD_BORDERLINE):
             result.note = str(result.verdict)
         result.ok = result.verdict.ok

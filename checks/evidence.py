@@ -6,7 +6,10 @@ sum_i |v_i| tol_i, which on a large tensor is far above one wrong element's cont
 when hand and autodiff disagree, the checker takes the elements that disagree most
 (``WORST``), and a few random elements of the same slices (``RANDOM``: the same index along
 every axis but the last), and differences the hand forward one coordinate at a time, each with
-its own finite-difference tolerance eps_i.  At element i, with tol_i the hand's rounding
+its own finite-difference tolerance eps_i.  Where the aggregate test finds a set outside its
+band as well, that set's direction is examined beside them (``checks.aggregate.examine``): a
+row scaled by 1.05 in half precision is a few tolerances at each element but many bands along
+its row.  At element i, with tol_i the hand's rounding
 tolerance there:
 
     FD sides with autodiff   |g_i - d_i| <= eps_i  and  |h_i - d_i| > DECISIVE (eps_i + tol_i)

@@ -106,3 +106,13 @@ def test_the_fd_step_crossing_a_kink_is_found_from_the_oracles_comparisons():
     assert fd._branches_within_step(0, x, measured, size)
     clear = np.where(np.abs(x) < 1e-3, 1.0, x)  # every draw far from the kink: no crossing
     assert not fd._branches_within_step(0, clear, measured, size)
+
+
+@pytest.mark.parametrize("seed", [2, 4])
+def test_a_row_x1_05_in_bfloat16_is_blamed_along_its_row_beside_kinks(seed):
+    """``calibrate --wild``'s ff in bfloat16 at the article's size, one row of W1 x 1.05: about
+    3 tolerances per element, below the evidence's DECISIVE 4, but 12 bands along its row, and
+    FD along random directions crosses kinks.  The row's own direction decides: the hand's
+    (it was "unresolved" when only its elements were examined)."""
+    from checks.calibrate_wild import Task, run_task
+    assert run_task(Task("ff", "bfloat16", "article", seed, "row x1.05", "W1"))[1] == "hand"
