@@ -118,8 +118,13 @@ PREDICATES = {"gt", "ge", "lt", "le", "eq", "ne"}
 BRANCHES = PREDICATES | {"max", "min"}
 ONE_BY_ONE_WORK = 2 ** 28  # flips x recorded elements moved one at a time (their sum bounds any
 #                            subset: about a second at 1e3 flips of a 1e5-element program); beyond:
-#                            the moves of all flips and of two random halves (no bound)
+#                            the move of all flips plus the spread of random halves (``_moves``)
 ONE_BY_ONE_BATCH = (16, 128)  # flips per compiled batch: as many as 2**25 recorded elements allow
+SUBSETS = 16         # beyond ONE_BY_ONE_WORK: runs with a random half of the flips flipped, whose
+#                      spread around half the all-flipped move measures sum_j m_j^2 (``_moves``)
+SUBSET_SIGMAS = 6.0  # rms of a kernel's random subset the bound allows: 6 sigmas of a Gaussian
+#                      sum (2e-9), with sum_j m_j^2 read from SUBSETS runs (P(chi2_16 / 16 < 1/4),
+#                      a bound at half its sigmas, is 1e-4)
 KINK_SIGMAS = 8.0    # a predicate within this many spreads of its margin (the rms of the
 #                      comparison's operand difference under the model's noise, each operation at
 #                      its full roundoff) may flip in a kernel: beyond it a Gaussian error has odds
@@ -236,7 +241,7 @@ class RoundingModel:
         self._run = jax.jit(self._spreads, compiler_options=FAST_COMPILE)
         self._sample_run = jax.jit(self._one_sample, compiler_options=FAST_COMPILE)
         self._flips_run = jax.jit(self._flips, compiler_options=FAST_COMPILE)
-        self._moves_run = jax.jit(self._moves, compiler_options=FAST_COMPILE)
+        self._moves_run = jax.jit(self._moves, static_argnums=2, compiler_options=FAST_COMPILE)
         self._one_by_one_run = jax.jit(self._one_by_one, compiler_options=FAST_COMPILE)
         self.used = tuple(sorted({p for _, p in self.record}))
         # operation -> index of its amplitude kept from the exact run: every operation's in a
@@ -356,20 +361,40 @@ class RoundingModel:
         return lambda n: jax.device_put([rng.standard_normal((n,) + shape, np.float32)
                                          for shape, _ in self.record])  # (n, ...) each
 
-    def _moves(self, flat, flips):
-        """Per output, how far it moves with the flipping predicates flipped in the exact run:
-        all of them, a random half and the other half (flipping all at once can cancel in a sum
-        what a subset leaves), the largest move of the three; and how many flip."""
+    def _moves(self, flat, flips, subsets):
+        """Per output, how far it may move with a subset of the flipping predicates flipped in
+        the exact run, and how many flip.  To first order the moves of single flips m_j add
+        (a branch of leaky ReLU changes its slope at one element, and the backward is linear
+        in the slopes), so the subset c a kernel takes moves an output by sum_j c_j m_j.  The
+        run with every predicate flipped gives M = sum_j m_j; SUBSETS runs with a random half
+        flipped give D_r = M(half_r) - M / 2 = sum_j s_j m_j / 2, s_j = +-1 at random, whose
+        mean square is sum_j m_j^2 / 4.  A kernel's branches are not chosen by the signs of
+        the moves they cause, so for c_j of any probabilities p_j independent of those signs,
+        sum_j c_j m_j = p M + sum_j (p_j - p) m_j + sum_j (c_j - p_j) m_j has a mean within |M|
+        and random parts of rms at most sqrt(sum_j m_j^2 / 2): the move is bounded by
+        |M| + SUBSET_SIGMAS sqrt(2) rms_r D_r.  (``_each_flip``'s sum of |m_j| bounds any
+        subset, and is taken where it is affordable, with subsets = 0: then |M| alone, for the
+        flips' interactions.)"""
         exact = self._eval(flat, _Noise("exact", None))
-        halves = [jax.random.bernoulli(jax.random.fold_in(jax.random.PRNGKey(0), k), 0.5,
-                                       jnp.shape(f)) for k, f in enumerate(flips)]
-        moved = [jnp.zeros(jnp.shape(e)) for e in exact]
-        for subset in (flips, [f & h for f, h in zip(flips, halves)],
-                       [f & ~h for f, h in zip(flips, halves)]):
-            flipped = self._eval(flat, _Noise("exact", None, flips=subset))
-            moved = [jnp.maximum(m, jnp.where(f == e, 0.0, jnp.abs(f - e)))
-                     for m, f, e in zip(moved, flipped, exact)]
-        return moved, sum(jnp.sum(f) for f in flips)
+        moved = lambda subset: [jnp.where(f == e, 0.0, f - e) for f, e in zip(
+            self._eval(flat, _Noise("exact", None, flips=subset)), exact)]
+        every = moved(flips)
+        count = sum(jnp.sum(f) for f in flips)
+        if not subsets:
+            return [jnp.abs(a) for a in every], count
+
+        def half(squares, r):
+            key = jax.random.fold_in(jax.random.PRNGKey(0x5B5), r)
+            keep = [jax.random.bernoulli(jax.random.fold_in(key, k), 0.5, jnp.shape(f))
+                    for k, f in enumerate(flips)]
+            d = [m - 0.5 * a for m, a in zip(moved([f & h for f, h in zip(flips, keep)]),
+                                               every)]
+            return [q + x * x for q, x in zip(squares, d)], None
+
+        squares, _ = jax.lax.scan(half, [jnp.zeros(jnp.shape(e)) for e in exact],
+                                  jnp.arange(subsets))
+        return [jnp.abs(a) + SUBSET_SIGMAS * jnp.sqrt(2.0 * q / subsets)
+                for a, q in zip(every, squares)], count
 
     def _one_by_one(self, flat, masks):
         """Per output, sum_k |how far it moves with predicate element k alone flipped| over a
@@ -422,9 +447,9 @@ class RoundingModel:
             return (jax.tree_util.tree_unflatten(tree, [np.zeros(s.shape) for s in
                                                         jax.tree_util.tree_leaves(self.shapes)]),
                     0)
-        moved, n = self._moves_run(flat, flips)
-        moved = [np.asarray(m, np.float64) for m in moved]
         each = self._each_flip(flat, flips)
+        moved, n = self._moves_run(flat, flips, 0 if each is not None else SUBSETS)
+        moved = [np.asarray(m, np.float64) for m in moved]
         if each is not None:  # (a padded batch counts its first flip again: a bound still)
             moved = [np.maximum(m, e) for m, e in zip(moved, each)]
         return jax.tree_util.tree_unflatten(tree, moved), int(n)
