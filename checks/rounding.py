@@ -814,8 +814,8 @@ def _sum_amplitude(name, eqn, ins, out):
         squares = eqn.primitive.bind(ins[0] * ins[0], **params)
         return jnp.maximum(_random_order(k, squares, out),
                            _sequential(name, params, ins[0], out, axes))
-    else:  # scatter-add: a few repeated ids add up
-        k = 2
+    else:  # scatter-add: each output adds the updates whose ids repeat it to its operand
+        k = eqn.primitive.bind(jnp.ones_like(ins[0]), ins[1], jnp.ones_like(ins[2]), **params)
         squares = eqn.primitive.bind(ins[0] * ins[0], ins[1], ins[2] * ins[2], **params)
     return _random_order(k, squares, out)
 
