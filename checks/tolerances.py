@@ -28,7 +28,7 @@ Notation: u is the unit roundoff of a format (2^-53 float64, 2^-24 float32, 2^-1
    Neither the tensor's largest element nor its size enters: a gradient that cancels to a small
    value gets the error of its large terms (no false alarm at cancellation), a small element of a
    large tensor is judged at its own scale (no bug hides below the largest element's tolerance),
-   and a long reduction adds sqrt(1 + log2 k) to its own elements only.
+   and a long reduction adds the growth of its partial sums to its own elements only.
 
    Half precision (float16, bfloat16; ``docs/half-precision.md``): a kernel's compute format
    (``kernels.precision.computes_in``) says how it rounds inside.  The lab's kernels declare
