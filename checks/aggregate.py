@@ -39,7 +39,11 @@ spread is (``Spread.at``).  A set passes when
   float32 rounds once to the format): u, the bound of |sum_S r_i g_i| / sum_S g_i^2 when every
   |r_i| <= u |g_i|, whatever the roundings' correlation (equal values round alike: a dominant
   class's rows gave a whole-tensor bias of 0.7 u in bfloat16, which an independent-rounding
-  rms would have failed);
+  rms would have failed); below the format's normal range the rounding is absolute, so
+  round_S adds tiny sum_S |g_i| / sum_S g_i^2, tiny the element-wise rule's ULPS smallest
+  subnormals (an element of 2.3e-7 rounds to 1.8e-7 in float16, whose subnormals are 6e-8
+  apart: a dominant class's small gradients and a peaked attention's failed the half-precision
+  calibration without it, four checks in 5000);
 * kink_S: elements within rounding of a kink may take either branch (``RoundingModel.kinks``):
   sum_S |moved_i| |g_i| / sum_S g_i^2 bounds what that does to b_S.  An element that a flip
   moves by more than its own rounding spread (|moved_i| > s_i) is left out of every set
@@ -129,11 +133,13 @@ class Bands(NamedTuple):
     #                                  move exceeds its rounding (module docstring)
 
 
-def bands(projection_rms, element_rms, g, moved, *, floor_u, final_u, policy) -> Bands:
+def bands(projection_rms, element_rms, g, moved, *, floor_u, final_u, policy,
+          tiny=0.0) -> Bands:
     """Bands of a tensor (module docstring): projection_rms the model's rms of sum_S d_i g_i at
     the check's roundoffs (``Spread.bias.at``), element_rms its rms per element (``Spread.at``),
     g autodiff's gradient, moved the kink bound (an array like g, or 0), floor_u the roundoff
-    of the constants, final_u the format returned."""
+    of the constants, final_u the format returned, tiny the absolute error that format allows
+    an element below its normal range (the element-wise rule's ULPS smallest subnormals)."""
     g = np.asarray(g, np.float64)
     element_rms = np.asarray(element_rms, np.float64)
     moved = np.abs(np.broadcast_to(moved, g.shape))
@@ -156,8 +162,11 @@ def bands(projection_rms, element_rms, g, moved, *, floor_u, final_u, policy) ->
         # most final_u whatever its correlation: equal values round alike (a dominant class's
         # rows: a whole-tensor bias of 0.7 u in bfloat16), so no independence is assumed
         kink = slice_sums(moved * np.abs(g)) / g2
+        # below the format's normal range its rounding is absolute, not relative: an element
+        # of autodiff's 2.3e-7 is 1.8e-7 in float16, whose subnormals are 6e-8 apart
+        subnormal = tiny * slice_sums(np.abs(g)) / g2
         band = (policy.BIAS_LAMBDA * sigma + policy.BIAS_ULPS * floor_u
-                + final_u + kink)
+                + final_u + subnormal + kink)
         # a set carried by a few elements (a slice of one element, a dominant class's logit, a
         # peaked attention row) pools nothing: its errors are the element-wise rule's to judge,
         # at LAMBDA (calibration in float16: such sets failed at up to 2e3 times this band)

@@ -197,3 +197,34 @@ def test_an_element_a_kink_moves_beyond_its_rounding_is_left_out_of_every_set():
     # an error along g everywhere is still seen on the rest, at its full size
     ratio, out = aggregate.worst(1e-3 * g, g, b)
     assert out is not None and out.bias == pytest.approx(1e-3)
+
+
+def test_below_the_normal_range_the_final_rounding_is_absolute():
+    """A float16 gradient of 2.3e-7 rounds to 1.8e-7 (its subnormals are 6e-8 apart): 20 % off,
+    where the relative bound u is 4.9e-4.  The band adds tiny sum|g| / sum g^2 for it, which
+    is nothing at the scale of normal numbers."""
+    p = tolerances.DEFAULT
+    u16 = float(np.finfo(np.float16).eps) / 2
+    tiny = p.ULPS * float(np.finfo(np.float16).smallest_subnormal)
+    sets = aggregate.slice_count((8,))
+    for scale, judged_by_floor in ((2.3e-7, True), (1.0, False)):
+        g = np.full(8, scale)
+        e = np.asarray(g.astype(np.float16), np.float64) - g   # the final rounding, no more
+        b = aggregate.bands(np.zeros(sets), np.zeros_like(g), g, 0.0, floor_u=U32,
+                            final_u=u16, policy=p, tiny=tiny)
+        assert aggregate.worst(e, g, b)[1] is None
+        without = aggregate.bands(np.zeros(sets), np.zeros_like(g), g, 0.0, floor_u=U32,
+                                  final_u=u16, policy=p)
+        assert (aggregate.worst(e, g, without)[1] is not None) == judged_by_floor
+
+
+def test_a_dominant_classs_subnormal_logits_are_no_false_alarm_in_float16():
+    """The half-precision calibration's case (cross-entropy, a dominant class, seed 28): the
+    other classes' gradients are subnormal in float16; the hand, correct, failed at 8.9x its
+    band before the band took their absolute rounding."""
+    from checks.calibrate import ILL
+    from checks.registry import BY_NAME, run_row
+    sizes = {"B": 3, "D": 6, "F": 14, "H": 1, "S": 4, "T": 2, "V": 3}
+    report = run_row(BY_NAME["cross_entropy"], np.dtype("float16"), seed=28, sizes=sizes,
+                     transform=ILL["dominant class"][1])
+    assert report.ok, str(report)
