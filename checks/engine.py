@@ -306,10 +306,10 @@ class LayerCheck:
         fmt = max(self.u, self.u_forward[0])
         roundoffs = (self.u_forward, self.u_backward, self.u_inputs)
         floor_u = max(self.u_forward + self.u_backward + (self.u_inputs,))
-        tiny = self.policy.ULPS * float(tolerances.finfo(self.dtype).smallest_subnormal)
         return aggregate.bands(spread.bias.at(*roundoffs, format=fmt),
                                spread.at(*roundoffs, format=fmt), g_auto, self._moved(key),
-                               floor_u=floor_u, final_u=self.u, policy=self.policy, tiny=tiny)
+                               floor_u=floor_u, final_u=self.u, policy=self.policy,
+                               tiny=self.policy.tiny(self.dtype))
 
     def legs(self):
         self.fd = FiniteDifferences(self.forward_fn, self.inputs64, self.params64, self.static,

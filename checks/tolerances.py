@@ -146,8 +146,13 @@ class Policy:
     def elementwise(self, spread_scale, reference, dtype):
         """tol_i from the model's error scale s_i (already at the right roundoffs)."""
         u = unit_roundoff(dtype)
-        return (self.LAMBDA * spread_scale
-                + self.ULPS * (u * numpy.abs(reference) + float(finfo(dtype).smallest_subnormal)))
+        return (self.LAMBDA * spread_scale + self.ULPS * u * numpy.abs(reference)
+                + self.tiny(dtype))
+
+    def tiny(self, dtype) -> float:
+        """The absolute error allowed an element below the format's normal range, where
+        rounding is absolute: ULPS of its smallest subnormals."""
+        return self.ULPS * float(finfo(dtype).smallest_subnormal)
 
     def fd_tol(self, rounding_abs, h, scale, u=U64):
         """Relative tolerance of a central difference (module docstring, 3)."""
