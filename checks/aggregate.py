@@ -61,12 +61,16 @@ the hand's band, as ``checks.evidence`` decides at single elements.
 """
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import numpy as np
 
 from checks.evidence import Element, along, blame
 from checks.verdict import Verdict
+from kernels.precision import finfo
+
+FLIPS_LOG = math.log(1e7)  # the flips' bound fails with probability 1e-7 per set
 
 
 def slice_axes(shape) -> tuple:
@@ -80,16 +84,17 @@ def slice_count(shape) -> int:
     return 1 + sum(shape[a] for a in slice_axes(shape))
 
 
-def slice_sums(a, lead=0, xp=np):
+def slice_sums(a, lead=0, xp=np, reduce="sum"):
     """Sums of a over the whole tensor and over every slice, concatenated along the last axis:
     (*lead dims, slice_count(shape)) for a of shape (*lead dims, *shape).  xp: numpy or
-    jax.numpy (``checks.rounding`` projects its samples with it)."""
+    jax.numpy (``checks.rounding`` projects its samples with it); reduce="max": the maxima."""
     shape = tuple(a.shape[lead:])
     head = tuple(a.shape[:lead])
-    parts = [xp.reshape(xp.sum(xp.reshape(a, head + (-1,)), axis=-1), head + (1,))]  # whole
+    op = getattr(xp, reduce)
+    parts = [xp.reshape(op(xp.reshape(a, head + (-1,)), axis=-1), head + (1,))]  # whole
     for axis in slice_axes(shape):
         others = tuple(lead + j for j in range(len(shape)) if j != axis)
-        parts.append(xp.sum(a, axis=others))                           # (*head, shape[axis])
+        parts.append(op(a, axis=others))                               # (*head, shape[axis])
     return xp.concatenate(parts, axis=-1)
 
 
@@ -131,15 +136,20 @@ class Bands(NamedTuple):
     band: np.ndarray    # (sets,) band_S
     keep: np.ndarray | float = 1.0   # like g: 1 where an element is judged, 0 where a kink's
     #                                  move exceeds its rounding (module docstring)
+    known: np.ndarray | None = None  # (sets,) the bias of fl(g) - g, g rounded to the format
+    #                                  the kernel returns (``final_rounding``), where the band
+    #                                  of its flips is the tighter; 0 elsewhere
+    beyond: np.ndarray | None = None  # (sets,) the band of the bias beyond it
 
 
 def bands(projection_rms, element_rms, g, moved, *, floor_u, final_u, policy,
-          tiny=0.0) -> Bands:
+          tiny=0.0, dtype=None) -> Bands:
     """Bands of a tensor (module docstring): projection_rms the model's rms of sum_S d_i g_i at
     the check's roundoffs (``Spread.bias.at``), element_rms its rms per element (``Spread.at``),
     g autodiff's gradient, moved the kink bound (an array like g, or 0), floor_u the roundoff
     of the constants, final_u the format returned, tiny the absolute error that format allows
-    an element below its normal range (the element-wise rule's ULPS smallest subnormals)."""
+    an element below its normal range (the element-wise rule's ULPS smallest subnormals);
+    dtype, the format returned, adds the bands beyond its known rounding (``final_rounding``)."""
     g = np.asarray(g, np.float64)
     element_rms = np.asarray(element_rms, np.float64)
     moved = np.abs(np.broadcast_to(moved, g.shape))
@@ -165,24 +175,97 @@ def bands(projection_rms, element_rms, g, moved, *, floor_u, final_u, policy,
         # below the format's normal range its rounding is absolute, not relative: an element
         # of autodiff's 2.3e-7 is 1.8e-7 in float16, whose subnormals are 6e-8 apart
         subnormal = tiny * slice_sums(np.abs(g)) / g2
-        band = (policy.BIAS_LAMBDA * sigma + policy.BIAS_ULPS * floor_u
-                + final_u + subnormal + kink)
+        inner = policy.BIAS_LAMBDA * sigma + policy.BIAS_ULPS * floor_u + kink
+        band = inner + final_u + subnormal
         # a set carried by a few elements (a slice of one element, a dominant class's logit, a
         # peaked attention row) pools nothing: its errors are the element-wise rule's to judge,
         # at LAMBDA (calibration in float16: such sets failed at up to 2e3 times this band)
         judged = pools(g2, slice_sums(g ** 4), policy)
-    band = np.where(judged, band, np.inf)
-    return Bands(g2, band, keep)
+        if dtype is None:
+            return Bands(g2, np.where(judged, band, np.inf), keep)
+        known, flips = final_rounding(g, element_rms, g2, dtype, policy)
+        # per set, whichever bound of the final rounding is tighter, chosen before any hand is
+        # seen: its flips beyond fl(g) (many elements), or u of any rounding (a few large ones)
+        sharper = flips < final_u + subnormal
+        known = np.where(sharper, known, 0.0)
+        beyond = inner + np.where(sharper, flips, final_u + subnormal)
+    return Bands(g2, np.where(judged, band, np.inf), keep, known,
+                 np.where(judged, beyond, np.inf))
+
+
+def spacing(x, dtype):
+    """The spacing of the format's numbers at |x|: its ulp, 2 u 2^floor(log2 |x|), and the
+    smallest subnormal below the normal range."""
+    info = finfo(dtype)
+    _, exponent = np.frexp(np.abs(x))                                  # |x| = m 2^e, m in [0.5, 1)
+    return np.maximum(np.ldexp(float(info.eps), exponent - 1), float(info.smallest_subnormal))
+
+
+def final_rounding(g, element_rms, g2, dtype, policy):
+    """The final rounding of what a kernel returns, known but for its flips: (known, flips)
+    per set.
+
+    A kernel returns h_i = fl(g_i + d_i), d_i its error before the rounding to the format (its
+    operations inside; for the lab's half-precision kernels, float32's few u).  fl(g_i) is known
+    exactly, so b_S - known_S, known_S = sum_S (fl(g_i) - g_i) g_i / sum_S g_i^2, is the bias of
+    f_i = h_i - fl(g_i): non-zero only where g_i + d_i crosses a point halfway between two
+    numbers of the format, by one spacing ulp_i (within LAMBDA spreads of |g_i|) per point
+    crossed.  With g_i's place among the format's numbers as good as random, E[f_i | d] = d_i:
+    the mean is the error inside, which the band's model terms bound, and f_i - d_i is
+    independent between elements given d, within ulp_i, with variance at most q_i ulp_i^2,
+    q_i = min(1, BIAS_LAMBDA s_i / ulp_i) the chance of a crossing when |d_i| is within
+    BIAS_LAMBDA of the model's spreads s_i (so even wholly correlated d_i, as one rounded
+    constant makes them, stay within it but with probability 1e-7).  Bennett's inequality
+    bounds sum_S (f_i - d_i) g_i / sum_S g_i^2 beyond t with probability
+    2 exp(-(V / M^2) h(M t / V)), h(x) = (1 + x) log(1 + x) - x, V the sum of the variances
+    and M the largest term, both over sum_S g^2: t at 2e-7 per set.  Where few elements may
+    cross, t is a few of the largest terms (Poisson's tail); over many, sqrt(2 log(1e7) V).
+    Elements of equal g_i compute alike and cross together: each counts as many times as its
+    value occurs (a dominant class's rows).  A half-precision kernel computing in float32 has
+    d_i of float32's roundoff: over a large set the bias it can show is a small part of the u
+    the rounding of what it returns allows without knowing fl(g)."""
+    g = np.asarray(g, np.float64)
+    element_rms = np.asarray(element_rms, np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        rounded = g.astype(dtype).astype(np.float64)
+    # beyond the format's largest number the kernel overflows too: non-finite, not judged here
+    known = slice_sums(np.where(np.isfinite(rounded), rounded - g, 0.0) * g) / g2
+    ulp = spacing(np.abs(g) + policy.LAMBDA * element_rms, dtype)
+    _, inverse, counts = np.unique(g, return_inverse=True, return_counts=True)
+    term = counts[inverse].reshape(g.shape) * ulp * np.abs(g)          # |f_i - d_i| |g_i| at most
+    crossing = np.minimum(1.0, policy.BIAS_LAMBDA * element_rms / ulp)
+    largest = slice_sums(term, reduce="max") / g2
+    variance = slice_sums(crossing * term ** 2) / g2 ** 2
+    return known, bennett(variance, largest, FLIPS_LOG)
+
+
+def bennett(variance, largest, log_odds, steps=60):
+    """t with exp(-(V / M^2) h(M t / V)) = exp(-log_odds), h(x) = (1 + x) log(1 + x) - x, per
+    element of V (variance) and M (largest); 0 where either is 0.  Bisection on log(1 + x)."""
+    variance, largest = np.broadcast_arrays(np.asarray(variance, np.float64),
+                                            np.asarray(largest, np.float64))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        goal = np.where(variance > 0, log_odds * largest ** 2 / variance, 0.0)  # h(x) = goal
+    lo, hi = np.zeros_like(goal), np.full_like(goal, 80.0)               # y = log(1 + x)
+    for _ in range(steps):
+        y = 0.5 * (lo + hi)
+        x = np.expm1(y)
+        above = (1 + x) * y - x >= goal
+        lo, hi = np.where(above, lo, y), np.where(above, y, hi)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = np.expm1(hi) * variance / largest
+    return np.where((variance > 0) & (largest > 0), t, 0.0)
 
 
 class Outside(NamedTuple):
     """The set of a tensor whose bias is furthest outside its band."""
     k: int            # its position in ``slice_sums``' order
     label: str        # "the whole tensor", "index 3 of axis 0"
-    bias: float       # b_S
+    bias: float       # b_S (beyond the known rounding, where the band is that of its flips)
     band: float       # band_S
     ratio: float      # |b_S| / band_S (> 1)
     keep: np.ndarray | float = 1.0  # the elements judged (``Bands.keep``)
+    known: float = 0.0  # the bias of the format's known rounding, taken out of ``bias``
 
     def reason(self, name) -> str:
         sign = "+" if self.bias >= 0 else "-"
@@ -190,12 +273,17 @@ class Outside(NamedTuple):
                 f"autodiff's gradient: bias {self.ratio:.3g}x its band {self.band:.2g}")
 
 
-def worst(e, g, b: Bands, axes=None):
+def worst(e, g, b: Bands, axes=None, rounded=True):
     """The set whose bias |b_S| / band_S is largest: (ratio, Outside or None when every set is
-    within its band)."""
+    within its band).  rounded: the hand is in the format whose rounding ``Bands.known`` knows,
+    so the bias beyond that rounding is judged against ``Bands.beyond``."""
     with np.errstate(divide="ignore", invalid="ignore"):
         bias = slice_sums(np.asarray(e, np.float64) * g * b.keep) / b.norms
-        ratio = np.where(np.isfinite(b.band), np.abs(bias) / b.band, 0.0)
+        band, known = b.band, 0.0
+        if rounded and b.known is not None:
+            band, known = b.beyond, b.known
+            bias = bias - known
+        ratio = np.where(np.isfinite(band), np.abs(bias) / band, 0.0)
     ratio = np.where(np.isnan(ratio), np.inf, ratio)  # a NaN bias (non-finite hand) fails
     if ratio.size == 0:
         return 0.0, None
@@ -204,20 +292,21 @@ def worst(e, g, b: Bands, axes=None):
     if top <= 1:
         return top, None
     return top, Outside(k, slice_labels(np.shape(g), axes)[k], float(bias[k]),
-                        float(b.band[k]), top, b.keep)
+                        float(band[k]), top, b.keep, float(np.broadcast_to(known, band.shape)[k]))
 
 
 def examine(fd, key, x, h, g, out: Outside) -> Element:
     """The three legs along the failing set's direction v = g on S (unit norm): the hand's
     <h, v>, autodiff's <g, v> and FD's derivative with its tolerance at the scale |g| |v|,
-    and the hand's allowance band_S sum_S g^2 / |g_S| (``checks.evidence.along``)."""
+    and the hand's allowance (band_S + |known_S|) sum_S g^2 / |g_S| (``checks.evidence.along``:
+    the hand's <h, v> may sit off <g, v> by the format's known rounding as well)."""
     v = np.zeros(np.shape(g))
     where = slice_mask(np.shape(g), out.k)
     v[where] = (g * out.keep)[where]
     norm = float(np.linalg.norm(v))
     v = v / norm
     return along(fd, key, x, v, float(np.linalg.norm(g)) or 1.0, float(np.sum(h * v)),
-                 float(np.sum(g * v)), out.band * norm, f"along {out.label}")
+                 float(np.sum(g * v)), (out.band + abs(out.known)) * norm, f"along {out.label}")
 
 
 def verdict(fd, key, x, h, g, out: Outside, name, caveats, autodiff_fd_ok, kink) -> Verdict:

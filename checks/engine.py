@@ -309,7 +309,7 @@ class LayerCheck:
         return aggregate.bands(spread.bias.at(*roundoffs, format=fmt),
                                spread.at(*roundoffs, format=fmt), g_auto, self._moved(key),
                                floor_u=floor_u, final_u=self.u, policy=self.policy,
-                               tiny=self.policy.tiny(self.dtype))
+                               tiny=self.policy.tiny(self.dtype), dtype=self.dtype)
 
     def legs(self):
         self.fd = FiniteDifferences(self.forward_fn, self.inputs64, self.params64, self.static,
@@ -671,7 +671,8 @@ class Judge:
         hand_auto_ok = result.score <= 1
         outside = None  # the aggregate test: a set whose bias is outside its band
         if self.bands is not None:
-            result.bias_score, outside = aggregate.worst(h - g, g, self.bands)
+            result.bias_score, outside = aggregate.worst(h - g, g, self.bands,
+                                                         rounded=hand.dtype == self.dtype)
             hand_auto_ok = hand_auto_ok and outside is None
         kink = ""
         if not auto_fd_ok:

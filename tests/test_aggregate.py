@@ -232,3 +232,43 @@ def test_a_dominant_classs_subnormal_logits_are_no_false_alarm_in_float16():
     report = run_row(BY_NAME["cross_entropy"], np.dtype("float16"), seed=28, sizes=sizes,
                      transform=ILL["dominant class"][1])
     assert report.ok, str(report)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_the_bias_beyond_the_known_final_rounding_holds_a_correct_kernel_and_sees_far_less_than_u(
+        dtype):
+    """A half-precision kernel computing in float32 returns fl(g + d), d its float32 error.
+    fl(g) is known, so the band of the bias beyond it (``final_rounding``: the crossings of the
+    few elements that g + d rounds elsewhere, bounded by Bennett's inequality) holds 200 such
+    kernels, plain random g and d of the model's rms s, and over a whole tensor of 4000
+    elements is a small part of u, the bound any rounding obeys without knowing fl(g): a
+    uniform error of u / 4 is caught, which the bound u cannot see.  No set's band is wider
+    than that bound.  Elements of equal g cross together: a tensor of one repeated value
+    keeps the band u."""
+    from kernels.precision import finfo
+    p = tolerances.DEFAULT
+    u = float(finfo(dtype).eps) / 2
+    rng = np.random.default_rng(0)
+    shape = (8, 500)
+    sets = aggregate.slice_count(shape)
+    g = rng.standard_normal(shape)
+    s = 4 * U32 * np.abs(g)                 # a few float32 roundings per element
+    b = aggregate.bands(np.zeros(sets), s, g, 0.0, floor_u=U32, final_u=u, policy=p,
+                        tiny=p.tiny(dtype), dtype=dtype)
+    assert b.beyond[0] < u / 20             # the whole tensor
+    assert np.all(b.beyond <= b.band)       # every set: never looser than the bound u
+    worst = 0.0
+    for _ in range(200):
+        d = s * rng.standard_normal(shape)  # the kernel's error before its final rounding
+        h = (g + d).astype(np.float32).astype(dtype).astype(np.float64)
+        ratio, outside = aggregate.worst(h - g, g, b)
+        assert outside is None
+        worst = max(worst, ratio)
+    assert worst > 0.02                     # the band is not vacuous: the crossings show in it
+    scaled = (g * (1 + u / 4)).astype(np.float32).astype(dtype).astype(np.float64)
+    assert aggregate.worst(scaled - g, g, b)[1] is not None
+    assert aggregate.worst(scaled - g, g, b, rounded=False)[1] is None  # the bound u alone
+    same = np.full(shape, 0.3)
+    alike = aggregate.bands(np.zeros(sets), 4 * U32 * same, same, 0.0, floor_u=U32, final_u=u,
+                            policy=p, tiny=p.tiny(dtype), dtype=dtype)
+    assert alike.beyond[0] == pytest.approx(alike.band[0])
