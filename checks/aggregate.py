@@ -43,7 +43,13 @@ spread is (``Spread.at``).  A set passes when
   round_S adds tiny sum_S |g_i| / sum_S g_i^2, tiny the element-wise rule's ULPS smallest
   subnormals (an element of 2.3e-7 rounds to 1.8e-7 in float16, whose subnormals are 6e-8
   apart: a dominant class's small gradients and a peaked attention's failed the half-precision
-  calibration without it, four checks in 5000);
+  calibration without it, four checks in 5000).  Each set is also judged beyond the rounding
+  that is known, and fails either test: fl(g_i), g rounded to the format returned, is computed
+  exactly, so b_S - known_S (known_S the bias of fl(g) - g) moves only where the kernel's
+  value before its rounding crosses a point halfway between two of the format's numbers, and
+  its band has Bennett's bound on those crossings for round_S (``final_rounding``).  A half-precision kernel
+  computing in float32 errs inside by float32's few u: over a large set few of its elements
+  cross, and the bound is a small part of u (under u / 20 for 4000 plain random elements);
 * kink_S: elements within rounding of a kink may take either branch (``RoundingModel.kinks``):
   sum_S |moved_i| |g_i| / sum_S g_i^2 bounds what that does to b_S.  An element that a flip
   moves by more than its own rounding spread (|moved_i| > s_i) is left out of every set
@@ -137,8 +143,7 @@ class Bands(NamedTuple):
     keep: np.ndarray | float = 1.0   # like g: 1 where an element is judged, 0 where a kink's
     #                                  move exceeds its rounding (module docstring)
     known: np.ndarray | None = None  # (sets,) the bias of fl(g) - g, g rounded to the format
-    #                                  the kernel returns (``final_rounding``), where the band
-    #                                  of its flips is the tighter; 0 elsewhere
+    #                                  the kernel returns (``final_rounding``)
     beyond: np.ndarray | None = None  # (sets,) the band of the bias beyond it
 
 
@@ -183,12 +188,12 @@ def bands(projection_rms, element_rms, g, moved, *, floor_u, final_u, policy,
         judged = pools(g2, slice_sums(g ** 4), policy)
         if dtype is None:
             return Bands(g2, np.where(judged, band, np.inf), keep)
-        known, flips = final_rounding(g, element_rms, g2, dtype, policy)
-        # per set, whichever bound of the final rounding is tighter, chosen before any hand is
-        # seen: its flips beyond fl(g) (many elements), or u of any rounding (a few large ones)
-        sharper = flips < final_u + subnormal
-        known = np.where(sharper, known, 0.0)
-        beyond = inner + np.where(sharper, flips, final_u + subnormal)
+        reach = (policy.BIAS_LAMBDA * element_rms + policy.BIAS_ULPS * floor_u * np.abs(g)
+                 + moved * keep)
+        # a second test of each set, beyond fl(g): its crossings' band (tight over many
+        # elements; over a few large ones the bound u of any rounding is the tighter)
+        known, crossings = final_rounding(g, element_rms, g2, dtype, policy, reach)
+        beyond = inner + crossings
     return Bands(g2, np.where(judged, band, np.inf), keep, known,
                  np.where(judged, beyond, np.inf))
 
@@ -201,39 +206,41 @@ def spacing(x, dtype):
     return np.maximum(np.ldexp(float(info.eps), exponent - 1), float(info.smallest_subnormal))
 
 
-def final_rounding(g, element_rms, g2, dtype, policy):
-    """The final rounding of what a kernel returns, known but for its flips: (known, flips)
-    per set.
+def final_rounding(g, element_rms, g2, dtype, policy, reach):
+    """The final rounding of what a kernel returns, known but for its crossings: (known,
+    crossings) per set.
 
     A kernel returns h_i = fl(g_i + d_i), d_i its error before the rounding to the format (its
     operations inside; for the lab's half-precision kernels, float32's few u).  fl(g_i) is known
-    exactly, so b_S - known_S, known_S = sum_S (fl(g_i) - g_i) g_i / sum_S g_i^2, is the bias of
-    f_i = h_i - fl(g_i): non-zero only where g_i + d_i crosses a point halfway between two
-    numbers of the format, by one spacing ulp_i (within LAMBDA spreads of |g_i|) per point
-    crossed.  With g_i's place among the format's numbers as good as random, E[f_i | d] = d_i:
-    the mean is the error inside, which the band's model terms bound, and f_i - d_i is
-    independent between elements given d, within ulp_i, with variance at most q_i ulp_i^2,
-    q_i = min(1, BIAS_LAMBDA s_i / ulp_i) the chance of a crossing when |d_i| is within
-    BIAS_LAMBDA of the model's spreads s_i (so even wholly correlated d_i, as one rounded
-    constant makes them, stay within it but with probability 1e-7).  Bennett's inequality
-    bounds sum_S (f_i - d_i) g_i / sum_S g_i^2 beyond t with probability
-    2 exp(-(V / M^2) h(M t / V)), h(x) = (1 + x) log(1 + x) - x, V the sum of the variances
-    and M the largest term, both over sum_S g^2: t at 2e-7 per set.  Where few elements may
-    cross, t is a few of the largest terms (Poisson's tail); over many, sqrt(2 log(1e7) V).
-    Elements of equal g_i compute alike and cross together: each counts as many times as its
-    value occurs (a dominant class's rows).  A half-precision kernel computing in float32 has
-    d_i of float32's roundoff: over a large set the bias it can show is a small part of the u
-    the rounding of what it returns allows without knowing fl(g)."""
+    exactly, so b_S - known_S, known_S = sum_S (fl(g_i) - g_i) g_i / sum_S g_i^2, is the bias
+    of f_i = h_i - fl(g_i): non-zero only where g_i + d_i crosses a point halfway between two
+    numbers of the format, by one spacing ulp_i (taken within LAMBDA spreads and reach_i of
+    |g_i|) per point crossed.  With g_i's place among the format's numbers as good as random,
+    E[f_i | d] = d_i, whose bias the band's model terms bound, and f_i - d_i is independent
+    between elements given d, within ulp_i, with variance at most q_i ulp_i^2,
+    q_i = min(1, reach_i / ulp_i) the chance of a crossing when |d_i| <= reach_i: BIAS_LAMBDA
+    model spreads, the constants' floor and the kink's move, the band's own terms (so even
+    wholly correlated d_i, as one rounded constant makes them, stay within it but with
+    probability 1e-7).  Bennett's inequality bounds sum_S (f_i - d_i) g_i / sum_S g_i^2 beyond
+    t with probability 2 exp(-(V / M^2) h(M t / V)), h(x) = (1 + x) log(1 + x) - x, V the sum
+    of the variances and M the largest term, both over sum_S g^2: ``crossings`` is t at 2e-7
+    per set.  Where few elements are likely to cross, t is a few of the largest terms (Poisson's
+    tail); over many, sqrt(2 log(1e7) V).  Elements of equal g_i compute alike and cross
+    together: each term counts as many times as its value occurs (a dominant class's rows).  A
+    half-precision kernel computing in float32 has d_i of float32's roundoff: over a large set
+    the bias it can show beyond fl(g) is a small part of the u that the rounding of what it
+    returns allows without knowing fl(g); over a few elements (a bias of 8), the few largest
+    may cross and u stays the tighter band."""
     g = np.asarray(g, np.float64)
     element_rms = np.asarray(element_rms, np.float64)
     with np.errstate(over="ignore", invalid="ignore"):
         rounded = g.astype(dtype).astype(np.float64)
     # beyond the format's largest number the kernel overflows too: non-finite, not judged here
     known = slice_sums(np.where(np.isfinite(rounded), rounded - g, 0.0) * g) / g2
-    ulp = spacing(np.abs(g) + policy.LAMBDA * element_rms, dtype)
+    ulp = spacing(np.abs(g) + policy.LAMBDA * element_rms + reach, dtype)
     _, inverse, counts = np.unique(g, return_inverse=True, return_counts=True)
-    term = counts[inverse].reshape(g.shape) * ulp * np.abs(g)          # |f_i - d_i| |g_i| at most
-    crossing = np.minimum(1.0, policy.BIAS_LAMBDA * element_rms / ulp)
+    term = counts[inverse].reshape(g.shape) * ulp * np.abs(g)          # |f_i| |g_i| at most
+    crossing = np.where(g != 0, np.minimum(1.0, reach / ulp), 0.0)
     largest = slice_sums(term, reduce="max") / g2
     variance = slice_sums(crossing * term ** 2) / g2 ** 2
     return known, bennett(variance, largest, FLIPS_LOG)
@@ -276,23 +283,27 @@ class Outside(NamedTuple):
 def worst(e, g, b: Bands, axes=None, rounded=True):
     """The set whose bias |b_S| / band_S is largest: (ratio, Outside or None when every set is
     within its band).  rounded: the hand is in the format whose rounding ``Bands.known`` knows,
-    so the bias beyond that rounding is judged against ``Bands.beyond``."""
+    so each set is also judged beyond that rounding, |b_S - known_S| against ``Bands.beyond``,
+    and fails either test (a false alarm of the pair is at most the sum of the two tests'
+    rates; an error is seen by whichever band is the closer to its side)."""
     with np.errstate(divide="ignore", invalid="ignore"):
         bias = slice_sums(np.asarray(e, np.float64) * g * b.keep) / b.norms
-        band, known = b.band, 0.0
+        tests = [(bias, b.band, np.zeros_like(bias))]
         if rounded and b.known is not None:
-            band, known = b.beyond, b.known
-            bias = bias - known
-        ratio = np.where(np.isfinite(band), np.abs(bias) / band, 0.0)
-    ratio = np.where(np.isnan(ratio), np.inf, ratio)  # a NaN bias (non-finite hand) fails
-    if ratio.size == 0:
+            tests.append((bias - b.known, b.beyond, b.known))
+        ratios = [np.where(np.isfinite(band), np.abs(x) / band, 0.0) for x, band, _ in tests]
+    ratios = [np.where(np.isnan(r), np.inf, r) for r in ratios]  # a NaN bias fails
+    if bias.size == 0:
         return 0.0, None
+    which = np.argmax(np.stack(ratios), axis=0)                          # (sets,) the test
+    ratio = np.max(np.stack(ratios), axis=0)
     k = int(np.argmax(ratio))
     top = float(ratio[k])
     if top <= 1:
         return top, None
-    return top, Outside(k, slice_labels(np.shape(g), axes)[k], float(bias[k]),
-                        float(band[k]), top, b.keep, float(np.broadcast_to(known, band.shape)[k]))
+    x, band, known = tests[int(which[k])]
+    return top, Outside(k, slice_labels(np.shape(g), axes)[k], float(x[k]), float(band[k]),
+                        top, b.keep, float(known[k]))
 
 
 def examine(fd, key, x, h, g, out: Outside) -> Element:

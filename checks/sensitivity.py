@@ -20,7 +20,8 @@ relative error of it says nothing about the checker (its absolute error is what 
 tolerance bounds, and ``python -m checks calibrate``'s cancellation cases test that).
 
 The smallest eps caught is found by bisection on log10 eps (caught is monotone in eps: a larger
-error of the same shape exceeds the same element-wise tolerance further), to 1/32 of a decade.
+error of the same shape exceeds the same element-wise tolerance further), to 1/240 of a decade
+(1 %: a threshold near the final rounding's u reads as u, not as the next step of a coarse grid).
 
     python -m checks sensitivity [--layer NAME ...] [--dtype float32|float16|bfloat16] [--large]
 
@@ -44,7 +45,7 @@ from checks.tolerances import DEFAULT
 
 PATTERNS = ("tensor", "slice", "element")
 LOG_RANGE = (-17.0, 0.0)   # eps searched in [1e-17, 1]
-STEPS = 9                  # bisection steps: 17 decades / 2^9 ~ 1/30 decade
+STEPS = 12                 # bisection steps: 17 decades / 2^12 ~ 1/240 decade
 FLOOR = 0.1                # slices and elements below FLOOR x the median magnitude: cancelled
 GOALS = {("float64", "tensor"): 1e-8, ("float64", "slice"): 1e-8, ("float64", "element"): 1e-8,
          # the aggregate test (checks.aggregate) judges a whole tensor's and each slice's bias
@@ -87,7 +88,7 @@ def _injected(g, region, eps, dtype):
 
 
 def threshold(judge, g, region, dtype) -> float:
-    """The smallest eps (to 1/32 decade) whose injection on region the judge rejects;
+    """The smallest eps (to 1/240 decade) whose injection on region the judge rejects;
     inf when even eps = 1 passes."""
     # whether it passes only: a disagreement fails whoever is blamed, so no evidence is examined
     caught = lambda log_eps: not judge.judge(_injected(g, region, 10.0 ** log_eps, dtype),

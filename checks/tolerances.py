@@ -66,7 +66,9 @@ Notation: u is the unit roundoff of a format (2^-53 float64, 2^-24 float32, 2^-1
    samples per part), BIAS_ULPS = 2 (up to two rounded constants along a path scale a tensor
    by up to u each of the format they are held in, and the model perturbs no constant the
    oracle folds), round_S the final rounding of what the kernel returns (the ULPS term's share,
-   at most u), kink_S the kinks' bound.  A set carried by fewer than BIAS_MIN_ELEMENTS = 3
+   at most u; a second test takes the bias beyond fl(g), g rounded to the format, which is
+   known, with round_S the bound of the few elements whose value crosses elsewhere), kink_S
+   the kinks' bound.  A set carried by fewer than BIAS_MIN_ELEMENTS = 3
    elements ((sum g^2)^2 / sum g^4: a one-element slice, a dominant class, a peaked attention
    row) pools nothing and is left to the element-wise rule.  A uniform error is averaged over
    the whole tensor, so the test sees 10-100x smaller uniform or one-slice errors than the

