@@ -654,7 +654,7 @@ class _Noise:
         if scale is None:  # None: another part's operation
             return 0.0
         a = self.store[self.kept[k]] if k in self.kept else amplitude()
-        return a * (scale * self.noises[k])
+        return _times(a, _times(self.noises[k], scale))
 
     def branch(self, name, ins, out):
         """A comparison's (or max/min's) result: its margin (the difference of its operands,
@@ -673,6 +673,33 @@ class _Noise:
 
 def _is_float(x):
     return jnp.issubdtype(jnp.result_type(x), jnp.floating)
+
+
+# The interpreter adds a noise term to every operation of the program it traces: with lax's
+# primitives directly, not jax.numpy's operators, whose every call is itself a jitted function
+# traced anew (about a third of a check's first call at the registry's size went there).
+
+def _as(y, x):
+    """y (a Python number or an array, of x's shape or a scalar) as an array like x."""
+    y = jax.lax.convert_element_type(y, jax.lax.dtype(x))
+    shape = jnp.shape(x)
+    return y if jnp.shape(y) == shape else jax.lax.broadcast_in_dim(y, shape, ())
+
+
+def _plus(x, y):
+    """x + y, y a noise term (0.0 where none)."""
+    if isinstance(y, (int, float)) and y == 0:
+        return x
+    return jax.lax.add(x, _as(y, x))
+
+
+def _times(x, y):
+    return jax.lax.mul(x, _as(y, x))
+
+
+def _size(x):
+    """|x| where finite, 0 elsewhere: a rounding's amplitude (``_finite``)."""
+    return _finite(jax.lax.abs(x))
 
 
 def _has_layers(jaxpr):
@@ -719,11 +746,11 @@ def _eval(jaxpr, consts, args, backward_flags, noise, top=True, where="inside", 
 
     for var, value in zip(jaxpr.constvars, consts):
         if _is_float(value) and jnp.ndim(value):  # a kernel holds its constants rounded
-            value = value + noise(jnp.shape(value), "forward", lambda v=value: _finite(jnp.abs(v)))
+            value = _plus(value, noise(jnp.shape(value), "forward", lambda v=value: _size(v)))
         env[var], flag[var] = value, False
     for var, value, b in zip(jaxpr.invars, args, backward_flags):
         if top and not b and _is_float(value):  # the inputs' own rounding
-            value = value + noise(jnp.shape(value), "inputs", lambda v=value: _finite(jnp.abs(v)))
+            value = _plus(value, noise(jnp.shape(value), "inputs", lambda v=value: _size(v)))
         env[var], flag[var] = value, b
     for i, eqn in enumerate(jaxpr.eqns):
         ins = [read(v) for v in eqn.invars]
@@ -739,7 +766,7 @@ def _eval(jaxpr, consts, args, backward_flags, noise, top=True, where="inside", 
                          out_read=[backward or v in forward_read for v in eqn.outvars])
             if layer:  # what the layer returns is rounded to the checked format; what it
                 # keeps for its backward (JAX's residuals) stays in its cache, unrounded
-                outs = [o + noise(jnp.shape(o), "format", lambda o=o: _finite(jnp.abs(o)))
+                outs = [_plus(o, noise(jnp.shape(o), "format", lambda o=o: _size(o)))
                         if _is_float(o) and (backward or v in forward_read) else o
                         for o, v in zip(outs, eqn.outvars)]
         elif name == "scan":  # a static trip count: unrolled, every step's roundings perturbed
@@ -785,18 +812,19 @@ def _round(name, eqn, ins, out, noise, part):
     if name in EXACT or not _is_float(out):
         return out
     exact = out
-    out = out + noise(jnp.shape(out), part, lambda: _finite(jnp.abs(exact)))
+    out = _plus(out, noise(jnp.shape(out), part, lambda: _size(exact)))
     if name not in SUMS:
         return out
     # a product accumulates in its own part; a sum rounds with its results (module docstring)
     sums = part + "_sums" if name == "dot_general" and part != "format" else part
-    return out + noise(jnp.shape(out), sums,
-                       lambda: _finite(_sum_amplitude(name, eqn, ins, exact)), accumulation=True)
+    return _plus(out, noise(jnp.shape(out), sums,
+                            lambda: _finite(_sum_amplitude(name, eqn, ins, exact)),
+                            accumulation=True))
 
 
 def _finite(amplitude):
     """A non-finite result (an oracle's -inf mask) is exact: no rounding to perturb it by."""
-    return jnp.where(jnp.isfinite(amplitude), amplitude, 0.0)
+    return jax.lax.select(jax.lax.is_finite(amplitude), amplitude, _as(0.0, amplitude))
 
 
 def _sum_amplitude(name, eqn, ins, out):

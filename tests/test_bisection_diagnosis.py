@@ -102,6 +102,7 @@ def test_the_right_model_passes_with_no_pattern(dtype):
     assert not any(t.diagnosis for t in report.tensors), str(report)
 
 
+@pytest.mark.slow  # bisects every stage of the model: 8 s, beside make test's 60 s budget
 def test_a_bisection_that_finds_nothing_says_nothing():
     """The right model's check bisected (as if it had failed): every stage and every gradient
     between them agree with the oracle, so there is no statement to attach."""
