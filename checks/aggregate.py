@@ -22,8 +22,9 @@ spread is (``Spread.at``).  A set passes when
   the rms the same element spreads s_i give errors independent between elements,
   sqrt(sum_S s_i^2 g_i^2) / sum_S g_i^2 (a kernel that orders its operations otherwise than the
   oracle's program need not share the model's correlations: a peaked softmax's gradient
-  cancels along g in the program, not in every kernel); BIAS_LAMBDA = 5 of them.  The model draws every rounding with rms u (xi ~ N(0, 1) times the bound), where
-  rounding to nearest errs by at most u, uniformly within half a unit in the last place, so
+  cancels along g in the program, not in every kernel); BIAS_LAMBDA = 5 of them.  The model
+  draws every rounding with rms u (xi ~ N(0, 1) times the bound), where rounding to nearest
+  errs by at most u, uniformly within half a unit in the last place, so
   with rms at most u / sqrt(3): 5 model spreads are at least 8.7 spreads of a correct kernel's
   real bias, and with the spread estimated from 16 samples per part, P(|t_16| > 8.7) = 2e-7
   per set (LAMBDA = 16 of the element-wise rule asks P(|t_16| > 16) = 3e-11 of the model's
@@ -47,9 +48,10 @@ spread is (``Spread.at``).  A set passes when
   that is known, and fails either test: fl(g_i), g rounded to the format returned, is computed
   exactly, so b_S - known_S (known_S the bias of fl(g) - g) moves only where the kernel's
   value before its rounding crosses a point halfway between two of the format's numbers, and
-  its band has Bennett's bound on those crossings for round_S (``final_rounding``).  A half-precision kernel
-  computing in float32 errs inside by float32's few u: over a large set few of its elements
-  cross, and the bound is a small part of u (under u / 20 for 4000 plain random elements);
+  its band has Bennett's bound on those crossings for round_S (``final_rounding``).  A
+  half-precision kernel computing in float32 errs inside by float32's few u: over a large set
+  few of its elements cross, and the bound is a small part of u (under u / 20 for 4000 plain
+  random elements);
 * kink_S: elements within rounding of a kink may take either branch (``RoundingModel.kinks``):
   sum_S |moved_i| |g_i| / sum_S g_i^2 bounds what that does to b_S.  An element that a flip
   moves by more than its own rounding spread (|moved_i| > s_i) is left out of every set
@@ -268,7 +270,7 @@ class Outside(NamedTuple):
     """The set of a tensor whose bias is furthest outside its band."""
     k: int            # its position in ``slice_sums``' order
     label: str        # "the whole tensor", "index 3 of axis 0"
-    bias: float       # b_S (beyond the known rounding, where the band is that of its flips)
+    bias: float       # b_S (less known_S where the test beyond fl(g) is the one failed)
     band: float       # band_S
     ratio: float      # |b_S| / band_S (> 1)
     keep: np.ndarray | float = 1.0  # the elements judged (``Bands.keep``)
