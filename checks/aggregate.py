@@ -78,7 +78,7 @@ from checks.evidence import Element, along, blame
 from checks.verdict import Verdict
 from kernels.precision import finfo
 
-FLIPS_LOG = math.log(1e7)  # the flips' bound fails with probability 1e-7 per set
+FLIPS_LOG = math.log(1e7)  # the crossings' bound fails with probability 1e-7 per side and set
 
 
 def slice_axes(shape) -> tuple:
@@ -294,11 +294,11 @@ def worst(e, g, b: Bands, axes=None, rounded=True):
         if rounded and b.known is not None:
             tests.append((bias - b.known, b.beyond, b.known))
         ratios = [np.where(np.isfinite(band), np.abs(x) / band, 0.0) for x, band, _ in tests]
-    ratios = [np.where(np.isnan(r), np.inf, r) for r in ratios]  # a NaN bias fails
     if bias.size == 0:
         return 0.0, None
-    which = np.argmax(np.stack(ratios), axis=0)                          # (sets,) the test
-    ratio = np.max(np.stack(ratios), axis=0)
+    ratios = np.stack([np.where(np.isnan(r), np.inf, r) for r in ratios])  # a NaN bias fails
+    which = np.argmax(ratios, axis=0)                                    # (sets,) the test
+    ratio = np.max(ratios, axis=0)
     k = int(np.argmax(ratio))
     top = float(ratio[k])
     if top <= 1:

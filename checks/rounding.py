@@ -694,6 +694,7 @@ def _plus(x, y):
 
 
 def _times(x, y):
+    """x * y, y a Python number, a scalar or an array of x's shape."""
     return jax.lax.mul(x, _as(y, x))
 
 

@@ -262,7 +262,7 @@ def test_the_bias_beyond_the_known_final_rounding_holds_a_correct_kernel_and_see
         ratio, outside = aggregate.worst(h - g, g, b)
         assert outside is None
         worst = max(worst, ratio)
-    assert worst > 0.02                     # the band is not vacuous: the crossings show in it
+    assert worst > 0.1                      # not vacuous: the crossings reach into the band
     scaled = (g * (1 + u / 4)).astype(np.float32).astype(dtype).astype(np.float64)
     assert aggregate.worst(scaled - g, g, b)[1] is not None
     assert aggregate.worst(scaled - g, g, b, rounded=False)[1] is None  # the bound u alone
