@@ -149,7 +149,14 @@ def _constant(c, constants, rel):
             simple = label.lstrip("-").replace("/", "").replace(".", "").isdigit()
             return (label if simple else f"{label} = {value:.4g}"), \
                 (entry[2] if len(entry) > 2 else "")
-    return f"{c:.4g} (not a constant of this case)", ""
+    return f"{_number(c)} (not a constant of this case)", ""
+
+
+def _number(c: float) -> str:
+    """c to 4 significant digits, or as 1 + d where that would print a scale near 1 as "1"."""
+    if c != 1 and abs(c - 1) < 5e-4:
+        return f"1 {'+' if c > 1 else '-'} {abs(c - 1):.2g}"
+    return f"{c:.4g}"
 
 
 def locate(index, shape, axis_names) -> str:

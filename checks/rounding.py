@@ -91,10 +91,10 @@ import numpy as np
 from jax.extend import core as jcore
 
 from checks.aggregate import slice_count, slice_sums
+from checks.tolerances import SAMPLES  # perturbed runs per part of the program (its LAMBDA)
 from reference.layers import BOUNDARY
 
 U_SIM = 2.0 ** -30   # the simulation's roundoff; spreads are scaled by u / U_SIM
-SAMPLES = 16         # perturbed runs per part of the program (checks.tolerances: LAMBDA)
 MEMORY_ENV = "GRADLAB_MEMORY_BUDGET"  # bytes one chunk of samples may take (4G, 512M, 2**31)
 MEMORY_FRACTION = 4              # by default a chunk takes at most 1/4 of the available memory
 MEMORY_UNKNOWN = 2 ** 31         # the budget where the available memory cannot be read

@@ -12,10 +12,13 @@ Notation: u is the unit roundoff of a format (2^-53 float64, 2^-24 float32, 2^-1
 
         |hand_i - autodiff_i| <= tol_i = LAMBDA * s_i + ULPS * u * |autodiff_i| + tiny,
 
-   LAMBDA = 16: s_i is an estimate from SAMPLES = 16 perturbed runs of each part of the
+   LAMBDA = 8.0: s_i is an estimate from SAMPLES = 64 perturbed runs of each part of the
    program.  Were the model's spread exact, a correct kernel's error over the estimate,
-   e_i / s_i, would be Student's t with 16 degrees of freedom: P(|t| > 16) = 3e-11 per element,
-   so a million elements checked give a false alarm with probability 3e-5.  The model is in
+   e_i / s_i, would be Student's t with 64 degrees of freedom, and LAMBDA is the quantile
+   P(|t_64| > LAMBDA) = ELEMENT_ODDS = 3e-11 per element (``student``), so a million elements
+   checked give a false alarm with probability 3e-5.  The degrees of freedom set the price of
+   that certainty: with 16 samples the same odds asked LAMBDA = 16, twice as wide a tolerance
+   for a quarter of the runs.  The model is in
    practice pessimistic (its noise has the rms of the rounding bound u, while round-to-nearest's
    relative error is spread within it), which is further margin, not a licence to tighten: the
    calibration (``docs/tolerances.md``) shows how much room correct kernels leave.
@@ -61,9 +64,9 @@ Notation: u is the unit roundoff of a format (2^-53 float64, 2^-24 float32, 2^-1
 
         |b_S| <= BIAS_LAMBDA sigma_S + BIAS_ULPS u_c + round_S + kink_S,
 
-   BIAS_LAMBDA = 5 (the model's rounding noise has rms u where rounding to nearest has at most
-   u / sqrt(3): 5 model spreads are 8.7 real ones, P(|t_16| > 8.7) = 2e-7 per set with 16
-   samples per part), BIAS_ULPS = 2 (up to two rounded constants along a path scale a tensor
+   BIAS_LAMBDA = 3.36 (the model's rounding noise has rms u where rounding to nearest has at
+   most u / sqrt(3): 3.36 model spreads are 5.8 real ones, P(|t_64| > 5.8) = SET_ODDS = 2e-7
+   per set with 64 samples per part), BIAS_ULPS = 2 (up to two rounded constants along a path scale a tensor
    by up to u each of the format they are held in, and the model perturbs no constant the
    oracle folds), round_S the final rounding of what the kernel returns (the ULPS term's share,
    at most u; a second test takes the bias beyond fl(g), g rounded to the format, which is
@@ -80,6 +83,7 @@ tolerance; ``python -m checks calibrate`` measures the margins (docs/tolerances.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy
 
@@ -88,6 +92,20 @@ from kernels.precision import finfo, is_float_dtype as is_float  # noqa: F401
 from kernels.precision import COMPUTE_FORMATS, FLOAT32_INSIDE
 
 U64 = float(numpy.finfo(numpy.float64).eps) / 2
+
+SAMPLES = 64          # perturbed runs per part of the rounding model (checks.rounding)
+ELEMENT_ODDS = 3e-11  # a correct element's chance to fall outside LAMBDA estimated spreads
+SET_ODDS = 2e-7       # a correct set's chance to fall outside the aggregate test's band
+REAL_PER_MODEL = math.sqrt(3)  # model spreads per real one: the model draws each rounding with
+#                                rms u, round-to-nearest errs uniformly within u (rms u / sqrt 3)
+
+
+def student(odds: float, samples: int = SAMPLES) -> float:
+    """t with P(|t_samples| > t) = odds: the multiple of a spread estimated from ``samples``
+    draws (mean known to be zero) that a draw of the spread's own distribution exceeds with
+    those odds."""
+    from scipy.special import stdtrit
+    return -float(stdtrit(samples, odds / 2))  # the lower tail: odds / 2 kept to full precision
 
 
 def unit_roundoff(dtype) -> float:
@@ -98,12 +116,14 @@ def unit_roundoff(dtype) -> float:
 @dataclasses.dataclass(frozen=True)
 class Policy:
     """Every constant of the checker's tolerances; a row may replace any of them."""
-    LAMBDA: float = 16.0            # spreads of the rounding model an element may err by
+    LAMBDA: float = student(ELEMENT_ODDS)  # spreads of the rounding model an element may err
+    #                                        by: 8.0 at SAMPLES = 64 (16.0 at 16)
     ULPS: float = 4.0               # plus this many units of the element's own last place
     FD_SAFETY: float = 1e4          # FD truncation constant (third derivatives of order ten)
     COMPLEX_STEP_ULPS: float = 1e3  # complex step: rounding only
     FD_ELEMENTWISE_MAX: int = 256   # tensors up to this size also get element-wise FD
-    BIAS_LAMBDA: float = 5.0        # the aggregate test: rms of the bias's model draws allowed
+    BIAS_LAMBDA: float = student(SET_ODDS) / REAL_PER_MODEL  # the aggregate test: rms of the
+    #                                bias's model draws allowed: 3.36 at SAMPLES = 64 (5.0 at 16)
     BIAS_ULPS: float = 2.0          # ... plus this many u of the constants' format (the floor)
     BIAS_MIN_ELEMENTS: float = 3.0  # sets carried by fewer elements ((sum g^2)^2 / sum g^4) are
     #                                 the element-wise rule's: the 5-draw band rests on pooling

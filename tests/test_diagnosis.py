@@ -180,3 +180,12 @@ def test_a_static_argument_ignored_is_named_and_only_a_flag_or_a_default_is_trie
         "WQ", OTHER, R, ctx(trusted={"WQ": R}, other_static=lambda: other), TOL)
     assert NO_PATTERN in diagnose("WQ", R + 1, R, ctx(trusted={"WQ": R},
                                                       other_static=lambda: other), TOL)
+
+
+def test_a_scale_near_one_is_named_by_its_difference_from_one():
+    """A tensor off by 1 + 1.5e-6 (a float32 kernel's uniform bias) reads as that, not as "1"."""
+    from checks.diagnosis import name_constant
+    assert name_constant(1 + 1.5e-6, [], 1e-3).startswith("1 + 1.5e-06 ")
+    assert name_constant(1 - 7e-5, [], 1e-3).startswith("1 - 7e-05 ")
+    assert name_constant(1.05, [], 1e-3).startswith("1.05 ")
+    assert name_constant(2.0, [(2.0, "2")], 1e-3) == "2"

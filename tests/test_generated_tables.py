@@ -14,10 +14,10 @@ ROWS = ("linear", "softmax")
 DTYPES = ("float64", "float32")
 # A rerun's worst fraction of tolerance over 3 of the documented 200 seeds is at most the
 # documented worst on the machine that wrote it; elsewhere the rounding noise over its own
-# Monte Carlo estimate moves by a small factor (16 samples: the spread's relative SE is about
-# 1/sqrt(32) = 18 %), so 2x the documented worst is the band.
+# Monte Carlo estimate moves by a small factor (SAMPLES = 64: the spread's relative SE is about
+# 1/sqrt(128) = 9 %), so 2x the documented worst is the band.
 WORST_BAND = 2.0
-# The smallest error caught is the bisection's threshold against that same spread, to 1/32 of
+# The smallest error caught is the bisection's threshold against that same spread, to 1/240 of
 # a decade: within a factor of 2 of the documented one (about 4 SE of the spread estimate).
 SENSITIVITY_BAND = 2.0
 

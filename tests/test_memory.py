@@ -64,7 +64,7 @@ def test_a_check_in_chunks_of_one_sample_gives_the_spreads_of_one_pass(monkeypat
     assert whole.ok and chunked.ok, str(chunked)
     for a, b in zip(whole.tensors, chunked.tensors):
         # the same model, other noise draws: tolerances agree to the estimate's own spread
-        # (16 samples: a relative standard error of about 1 / sqrt(32) per element)
+        # (SAMPLES = 64: a relative standard error of about 1 / sqrt(128) per element)
         assert 0.5 < a.tol / b.tol < 2, (a.name, a.tol, b.tol)
 
 
@@ -119,10 +119,11 @@ def _linear_model(seed=0):
 
 
 def _agree(a, b):
-    """Two estimates of one tensor's spreads, each of 16 samples per element: the mean squared
-    spread over its n elements agrees within 4 standard errors of the log of its ratio (about
-    0.5 / sqrt(n): a variance estimate of 16 samples has a relative error of sqrt(2 / 16)), and
-    every element within a factor 3 (4.4 of its own standard errors, 0.25)."""
+    """Two estimates of one tensor's spreads, each of SAMPLES = 64 per element (16 when this
+    bound was set: the rule holds a fortiori): the mean squared spread over its n elements
+    agrees within 4 standard errors of the log of its ratio (at 16 samples about 0.5 / sqrt(n):
+    a variance estimate of 16 samples has a relative error of sqrt(2 / 16)), and every element
+    within a factor 3 (at 16 samples 4.4 of its own standard errors, 0.25)."""
     ratio = float(np.mean(a ** 2) / np.mean(b ** 2))
     assert abs(np.log(ratio)) < 2 / np.sqrt(a.size), (ratio, a.size)
     assert np.all(a < 3 * b) and np.all(b < 3 * a)
