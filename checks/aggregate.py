@@ -48,10 +48,10 @@ spread is (``Spread.at``).  A set passes when
   that is known, and fails either test: fl(g_i), g rounded to the format returned, is computed
   exactly, so b_S - known_S (known_S the bias of fl(g) - g) moves only where the kernel's
   value before its rounding crosses a point halfway between two of the format's numbers, and
-  its band has Bennett's bound on those crossings for round_S (``final_rounding``).  A
-  half-precision kernel computing in float32 errs inside by float32's few u: over a large set
-  few of its elements cross, and the bound is a small part of u (under u / 20 for 4000 plain
-  random elements);
+  its band has, for round_S, what the elements within reach of such a point can move it by
+  (``final_rounding``).  A half-precision kernel computing in float32 errs inside by
+  float32's few u: over a large set few of its elements lie that close, and the bound is a
+  small part of u (under u / 20 for 4000 plain random elements);
 * kink_S: elements within rounding of a kink may take either branch (``RoundingModel.kinks``):
   sum_S |moved_i| |g_i| / sum_S g_i^2 bounds what that does to b_S.  An element that a flip
   moves by more than its own rounding spread (|moved_i| > s_i) is left out of every set
@@ -69,7 +69,6 @@ the hand's band, as ``checks.evidence`` decides at single elements.
 """
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import numpy as np
@@ -78,7 +77,6 @@ from checks.evidence import Element, along, blame
 from checks.verdict import Verdict
 from kernels.precision import finfo
 
-FLIPS_LOG = math.log(1e7)  # the crossings' bound fails with probability 1e-7 per side and set
 
 
 def slice_axes(shape) -> tuple:
@@ -190,10 +188,11 @@ def bands(projection_rms, element_rms, g, moved, *, floor_u, final_u, policy,
         judged = pools(g2, slice_sums(g ** 4), policy)
         if dtype is None:
             return Bands(g2, np.where(judged, band, np.inf), keep)
-        reach = (policy.BIAS_LAMBDA * element_rms + policy.BIAS_ULPS * floor_u * np.abs(g)
+        reach = (policy.LAMBDA * element_rms + policy.BIAS_ULPS * floor_u * np.abs(g)
                  + moved * keep)
-        # a second test of each set, beyond fl(g): its crossings' band (tight over many
-        # elements; over a few large ones the bound u of any rounding is the tighter)
+        # a second test of each set, beyond fl(g): its crossings' band (tight where few
+        # elements lie within reach of a rounding boundary; where many do, the bound u of any
+        # rounding is the tighter)
         known, crossings = final_rounding(g, element_rms, g2, dtype, policy, reach)
         beyond = inner + crossings
     return Bands(g2, np.where(judged, band, np.inf), keep, known,
@@ -215,55 +214,31 @@ def final_rounding(g, element_rms, g2, dtype, policy, reach):
     A kernel returns h_i = fl(g_i + d_i), d_i its error before the rounding to the format (its
     operations inside; for the lab's half-precision kernels, float32's few u).  fl(g_i) is known
     exactly, so b_S - known_S, known_S = sum_S (fl(g_i) - g_i) g_i / sum_S g_i^2, is the bias
-    of f_i = h_i - fl(g_i): non-zero only where g_i + d_i crosses a point halfway between two
-    numbers of the format, by one spacing ulp_i (taken within LAMBDA spreads and reach_i of
-    |g_i|) per point crossed.  With g_i's place among the format's numbers as good as random,
-    E[f_i | d] = d_i, whose bias the band's model terms bound, and f_i - d_i is independent
-    between elements given d, within ulp_i, with variance at most q_i ulp_i^2,
-    q_i = min(1, reach_i / ulp_i) the chance of a crossing when |d_i| <= reach_i: BIAS_LAMBDA
-    model spreads, the constants' floor and the kink's move, the band's own terms (so even
-    wholly correlated d_i, as one rounded constant makes them, stay within it but with
-    probability 1e-7).  Bennett's inequality bounds sum_S (f_i - d_i) g_i / sum_S g_i^2 beyond
-    t with probability 2 exp(-(V / M^2) h(M t / V)), h(x) = (1 + x) log(1 + x) - x, V the sum
-    of the variances and M the largest term, both over sum_S g^2: ``crossings`` is t at 2e-7
-    per set.  Where few elements are likely to cross, t is a few of the largest terms (Poisson's
-    tail); over many, sqrt(2 log(1e7) V).  Elements of equal g_i compute alike and cross
-    together: each term counts as many times as its value occurs (a dominant class's rows).  A
-    half-precision kernel computing in float32 has d_i of float32's roundoff: over a large set
-    the bias it can show beyond fl(g) is a small part of the u that the rounding of what it
-    returns allows without knowing fl(g); over a few elements (a bias of 8), the few largest
-    may cross and u stays the tighter band."""
+    of f_i = h_i - fl(g_i), which is non-zero only where g_i + d_i rounds elsewhere than g_i.
+    With |d_i| <= reach_i (LAMBDA model spreads, the element-wise rule's bound, the constants'
+    floor and the kink's move), an element rounds elsewhere only if g_i - reach_i or
+    g_i + reach_i does, and then by at most step_i = max |fl(g_i +- reach_i) - fl(g_i)|; every
+    other element has f_i = 0 exactly.  ``crossings`` is sum_S step_i |g_i| / sum_S g_i^2, a
+    bound whatever the signs and correlations of the d_i: it assumes nothing of where g_i sits
+    among the format's numbers (rows of a near-constant input give gradients exactly halfway
+    between two of them, which every correct kernel rounds by its own error's sign).  A
+    half-precision kernel computing in float32 has d_i of float32's roundoff: few elements lie
+    within it of a point halfway between two numbers of the format, and over a large set the
+    bound is a small part of the u that the rounding of what it returns allows without knowing
+    fl(g); a kernel rounding in the format inside (plain NumPy) has most elements within
+    reach, and the bound u stays the tighter band."""
     g = np.asarray(g, np.float64)
-    element_rms = np.asarray(element_rms, np.float64)
+    reach = np.asarray(reach, np.float64)
     with np.errstate(over="ignore", invalid="ignore"):
         rounded = g.astype(dtype).astype(np.float64)
+        up = (g + reach).astype(dtype).astype(np.float64)
+        down = (g - reach).astype(dtype).astype(np.float64)
+        step = np.maximum(np.abs(up - rounded), np.abs(rounded - down))
     # beyond the format's largest number the kernel overflows too: non-finite, not judged here
     known = slice_sums(np.where(np.isfinite(rounded), rounded - g, 0.0) * g) / g2
-    ulp = spacing(np.abs(g) + policy.LAMBDA * element_rms + reach, dtype)
-    _, inverse, counts = np.unique(g, return_inverse=True, return_counts=True)
-    term = counts[inverse].reshape(g.shape) * ulp * np.abs(g)          # |f_i| |g_i| at most
-    crossing = np.where(g != 0, np.minimum(1.0, reach / ulp), 0.0)
-    largest = slice_sums(term, reduce="max") / g2
-    variance = slice_sums(crossing * term ** 2) / g2 ** 2
-    return known, bennett(variance, largest, FLIPS_LOG)
-
-
-def bennett(variance, largest, log_odds, steps=60):
-    """t with exp(-(V / M^2) h(M t / V)) = exp(-log_odds), h(x) = (1 + x) log(1 + x) - x, per
-    element of V (variance) and M (largest); 0 where either is 0.  Bisection on log(1 + x)."""
-    variance, largest = np.broadcast_arrays(np.asarray(variance, np.float64),
-                                            np.asarray(largest, np.float64))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        goal = np.where(variance > 0, log_odds * largest ** 2 / variance, 0.0)  # h(x) = goal
-    lo, hi = np.zeros_like(goal), np.full_like(goal, 80.0)               # y = log(1 + x)
-    for _ in range(steps):
-        y = 0.5 * (lo + hi)
-        x = np.expm1(y)
-        above = (1 + x) * y - x >= goal
-        lo, hi = np.where(above, lo, y), np.where(above, y, hi)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        t = np.expm1(hi) * variance / largest
-    return np.where((variance > 0) & (largest > 0), t, 0.0)
+    with np.errstate(invalid="ignore"):
+        crossings = slice_sums(np.where(g != 0, step * np.abs(g), 0.0)) / g2
+    return known, np.where(np.isnan(crossings), np.inf, crossings)
 
 
 class Outside(NamedTuple):

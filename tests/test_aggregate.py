@@ -1,6 +1,5 @@
 """The aggregate test (checks.aggregate): the bias of the hand error along autodiff's gradient,
 over the whole tensor and every slice, against the rounding model's own samples."""
-import re
 
 import jax.numpy as jnp
 import numpy as np
@@ -121,8 +120,8 @@ def test_a_correct_kernel_is_inside_every_band_and_a_uniform_1e_5_error_is_outsi
 
 @pytest.mark.slow  # two checks in bfloat16 at the article's size
 def test_one_row_scaled_by_1_05_in_a_plain_bfloat16_kernel_is_blamed_on_the_hand():
-    """The row bug the element-wise rule misses in bfloat16 (5 % is 13 u, its tolerance about
-    20 u): a plain-NumPy linear layer (checks.wild_plain) at the article's size."""
+    """A row bug at the element-wise rule's edge in bfloat16 (5 % is 13 u): a plain-NumPy
+    linear layer (checks.wild_plain) at the article's size."""
     import ml_dtypes
     from checks import wild_plain
     from checks.engine import check_layer
@@ -144,14 +143,11 @@ def test_one_row_scaled_by_1_05_in_a_plain_bfloat16_kernel_is_blamed_on_the_hand
     report = check_layer(wild_plain.linear_forward, backward, reference.linear, [x], params,
                          seed=1, input_names=["x"])
     W = next(t for t in report.tensors if t.name == "W")
-    assert W.score <= 1 and not W.ok                 # only the aggregate test sees it
+    # the element-wise rule sees it at about its edge (5 % is 13 u, the tolerance about 12 u
+    # at LAMBDA = 8), the aggregate test at 3 times its band
+    assert W.score < 1.5 < W.bias_score and not W.ok
     assert W.verdict.kind is Kind.HAND_WRONG
-    # NumPy multiplies by 1.05 rounded to bfloat16 (1.046875) and rounds each element of the
-    # row to bfloat16 (u = 2^-8 = 0.0039 relative)
-    scale = float(np.asarray(1.05).astype(dtype).astype(np.float64))
-    found = re.match(r"index 7 of axis 0 of W is scaled by 1 \+ ([\d.e-]+) along autodiff's",
-                     W.verdict.detail)
-    assert found and abs(float(found.group(1)) - (scale - 1)) < 2 ** -8, W.verdict.detail
+    assert "wrong only in index 7 of axis 0" in W.diagnosis, W.diagnosis
     assert all(t.ok for t in report.tensors if t.name != "W")
 
 
@@ -238,12 +234,13 @@ def test_a_dominant_classs_subnormal_logits_are_no_false_alarm_in_float16():
 def test_the_bias_beyond_the_known_final_rounding_holds_a_correct_kernel_and_sees_far_less_than_u(
         dtype):
     """A half-precision kernel computing in float32 returns fl(g + d), d its float32 error.
-    fl(g) is known, so the band of the bias beyond it (``final_rounding``: the crossings of the
-    few elements that g + d rounds elsewhere, bounded by Bennett's inequality) holds 200 such
-    kernels, plain random g and d of the model's rms s, and over a whole tensor of 4000
-    elements is a small part of u, the bound any rounding obeys without knowing fl(g): a
-    uniform error of u / 4 is caught, which the bound u cannot see.  Elements of equal g
-    cross together: a tensor of one repeated value keeps a band near u."""
+    fl(g) is known, so the band of the bias beyond it (``final_rounding``: what the few
+    elements within reach of a rounding boundary can move it by) holds 200 such kernels, plain
+    random g and d of the model's rms s, and over a whole tensor of 4000 elements is a small
+    part of u, the bound any rounding obeys without knowing fl(g): a uniform error of u / 4 is
+    caught, which the bound u cannot see.  A tensor of one repeated value halfway between two
+    of the format's numbers (a tie, as near-constant rows make) keeps a band of about u, and
+    a kernel rounding every element of it the other way from fl(g) stays within it."""
     from kernels.precision import finfo
     p = tolerances.DEFAULT
     u = float(finfo(dtype).eps) / 2
@@ -266,7 +263,15 @@ def test_the_bias_beyond_the_known_final_rounding_holds_a_correct_kernel_and_see
     scaled = (g * (1 + u / 4)).astype(np.float32).astype(dtype).astype(np.float64)
     assert aggregate.worst(scaled - g, g, b)[1] is not None
     assert aggregate.worst(scaled - g, g, b, rounded=False)[1] is None  # the bound u alone
-    same = np.full(shape, 0.3)
+    low = np.float64(np.array(0.3, dtype=dtype).astype(np.float64))
+    tie = low + aggregate.spacing(low, dtype) / 2            # halfway to the next number up
+    same = np.full(shape, tie)
     alike = aggregate.bands(np.zeros(sets), 4 * U32 * same, same, 0.0, floor_u=U32, final_u=u,
                             policy=p, tiny=p.tiny(dtype), dtype=dtype)
     assert alike.beyond[0] > u / 2
+    other = np.where(same.astype(dtype).astype(np.float64) == low, low + 2 * (tie - low), low)
+    assert aggregate.worst(other - same, same, alike)[1] is None  # every tie the other way
+    # ... and a value away from any boundary cannot round elsewhere: its band is the floor
+    far = aggregate.bands(np.zeros(sets), 4 * U32 * np.full(shape, low), np.full(shape, low),
+                          0.0, floor_u=U32, final_u=u, policy=p, tiny=p.tiny(dtype), dtype=dtype)
+    assert far.beyond[0] < u / 20
