@@ -28,8 +28,9 @@ spread is (``Spread.at``).  A set passes when
   most u / sqrt(3): 3.36 model spreads are at least 5.8 spreads of a correct kernel's real
   bias, and with the spread estimated from SAMPLES = 64 samples per part, P(|t_64| > 5.8) =
   2e-7 per set (``checks.tolerances.student``; LAMBDA = 8 of the element-wise rule asks
-  P(|t_64| > 8) = 3e-11 of the model's own spread, the model taken as exact).  The calibration measures the margin: correct
-  kernels' biases stay within about 1.5 model spreads (docs/tolerances.md);
+  P(|t_64| > 8) = 3e-11 of the model's own spread, the model taken as exact).  The
+  calibration measures the margin: correct kernels' biases stay within about 1.5 model
+  spreads (docs/tolerances.md);
 * BIAS_ULPS u_c, the floor, BIAS_ULPS = 2: a kernel's rounded constants (1/sqrt(P), leaky
   ReLU's slope, 1/n) scale a whole tensor by up to u each of the format they are held in (u_c,
   the largest roundoff of the parts of the program at the check's roundoffs: float32's for a
@@ -75,8 +76,6 @@ import numpy as np
 
 from checks.evidence import Element, along, blame
 from checks.verdict import Verdict
-from kernels.precision import finfo
-
 
 
 def slice_axes(shape) -> tuple:
@@ -193,21 +192,13 @@ def bands(projection_rms, element_rms, g, moved, *, floor_u, final_u, policy,
         # a second test of each set, beyond fl(g): its crossings' band (tight where few
         # elements lie within reach of a rounding boundary; where many do, the bound u of any
         # rounding is the tighter)
-        known, crossings = final_rounding(g, element_rms, g2, dtype, policy, reach)
+        known, crossings = final_rounding(g, g2, dtype, reach)
         beyond = inner + crossings
     return Bands(g2, np.where(judged, band, np.inf), keep, known,
                  np.where(judged, beyond, np.inf))
 
 
-def spacing(x, dtype):
-    """The spacing of the format's numbers at |x|: its ulp, 2 u 2^floor(log2 |x|), and the
-    smallest subnormal below the normal range."""
-    info = finfo(dtype)
-    _, exponent = np.frexp(np.abs(x))                                  # |x| = m 2^e, m in [0.5, 1)
-    return np.maximum(np.ldexp(float(info.eps), exponent - 1), float(info.smallest_subnormal))
-
-
-def final_rounding(g, element_rms, g2, dtype, policy, reach):
+def final_rounding(g, g2, dtype, reach):
     """The final rounding of what a kernel returns, known but for its crossings: (known,
     crossings) per set.
 

@@ -66,9 +66,9 @@ Notation: u is the unit roundoff of a format (2^-53 float64, 2^-24 float32, 2^-1
 
    BIAS_LAMBDA = 3.36 (the model's rounding noise has rms u where rounding to nearest has at
    most u / sqrt(3): 3.36 model spreads are 5.8 real ones, P(|t_64| > 5.8) = SET_ODDS = 2e-7
-   per set with 64 samples per part), BIAS_ULPS = 2 (up to two rounded constants along a path scale a tensor
-   by up to u each of the format they are held in, and the model perturbs no constant the
-   oracle folds), round_S the final rounding of what the kernel returns (the ULPS term's share,
+   per set with 64 samples per part), BIAS_ULPS = 2 (up to two rounded constants along a
+   path scale a tensor by up to u each of the format they are held in, and the model perturbs
+   no constant the oracle folds), round_S the final rounding of what the kernel returns (the ULPS term's share,
    at most u; a second test takes the bias beyond fl(g), g rounded to the format, which is
    known, with round_S the bound of the few elements whose value crosses elsewhere), kink_S
    the kinks' bound.  A set carried by fewer than BIAS_MIN_ELEMENTS = 3

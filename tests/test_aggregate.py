@@ -263,8 +263,9 @@ def test_the_bias_beyond_the_known_final_rounding_holds_a_correct_kernel_and_see
     scaled = (g * (1 + u / 4)).astype(np.float32).astype(dtype).astype(np.float64)
     assert aggregate.worst(scaled - g, g, b)[1] is not None
     assert aggregate.worst(scaled - g, g, b, rounded=False)[1] is None  # the bound u alone
-    low = np.float64(np.array(0.3, dtype=dtype).astype(np.float64))
-    tie = low + aggregate.spacing(low, dtype) / 2            # halfway to the next number up
+    low = float(np.array(0.3, dtype=dtype))
+    up = float(finfo(dtype).eps) * 2.0 ** np.floor(np.log2(low))  # the next number's distance
+    tie = low + up / 2                                       # halfway to the next number up
     same = np.full(shape, tie)
     alike = aggregate.bands(np.zeros(sets), 4 * U32 * same, same, 0.0, floor_u=U32, final_u=u,
                             policy=p, tiny=p.tiny(dtype), dtype=dtype)
