@@ -30,7 +30,7 @@ import numpy as np
 from checks import aggregate, contract, tolerances
 from checks.diagnosis import Context, constants_from, diagnose, locate
 from checks.evidence import blame, examine, pick
-from checks.legs import FiniteDifferences, Measured, Oracle, normwise
+from checks.legs import FD_JOINT_TENSORS, FiniteDifferences, Joint, Measured, Oracle, normwise
 from checks.report import Report, TensorResult, format_table, reports_to_json  # noqa: F401
 from checks.rounding import Unsupported
 from checks.signature import in_format, precision_change
@@ -245,6 +245,12 @@ class LayerCheck:
         try:
             self.spread_out, self.spread_in, self.spread_params = self.ref.spread(
                 self.dout64, self.seed, kink_us=self._kink_us())
+            # a large program's spreads come from fewer runs: wider multiples of them
+            if self.ref.samples != tolerances.SAMPLES:
+                self.policy = self.policy.for_samples(self.ref.samples)
+                self.notes.append(Note(Finding.FEW_SAMPLES, (
+                    ("samples", self.ref.samples), ("elements", self.ref.elements),
+                    ("lam", self.policy.LAMBDA), ("bias", self.policy.BIAS_LAMBDA))))
         except Unsupported as exc:
             self.spread_out = None
             self.notes.append(Note(Finding.NO_ROUNDING_MODEL, (("why", str(exc).splitlines()[0]),
@@ -320,17 +326,20 @@ class LayerCheck:
         if self.fd.skipped:
             self.notes.append(Note(Finding.NO_FINITE_DIFFERENCES))
         self.results = []
+        hands = {}
         for key in list(self.diff_idx) + list(self.params):
             tname = self.names[key] if isinstance(key, int) else key
             x = self.inputs64[key] if isinstance(key, int) else self.params64[key]
             g_auto = self.auto_in[key] if isinstance(key, int) else self.auto_params[key]
             spread = self._spread_of(key)
-            hand = self.dinputs[key] if isinstance(key, int) else self.dparams.get(key)
+            hands[tname] = self.dinputs[key] if isinstance(key, int) else self.dparams.get(key)
             judge = Judge(tname, key, x, g_auto, self._tol(spread, g_auto) + self._moved(key),
                           self.dtype, self.fd, self.rng, self.policy, self._caveats)
             judge.bands = self._bands(key, g_auto)
             self.judges[tname] = judge
-            self.results.append(judge.judge(hand))
+        self._joint_fd(hands)
+        for tname, judge in self.judges.items():
+            self.results.append(judge.judge(hands[tname]))
         self._gradient_dtypes()
         self._recognise_low_precision_backward()
         self._bug_shaped_under_a_finding()
@@ -341,6 +350,28 @@ class LayerCheck:
             if not tolerances.is_float(self.host_inputs[i].dtype) and self.dinputs[i] is not None:
                 self.results.append(TensorResult(name_i, (), verdict=Verdict(
                     Kind.EXTRA_GRADIENT, "an integer input; expected None")))
+
+    def _joint_fd(self, hands):
+        """A large program's check of many tensors (the whole model at the bench's size): FD
+        along joint directions over the tensors whose hand agrees with autodiff, six forward
+        runs in place of six per tensor (``FiniteDifferences.measure_joint``).  Where autodiff
+        agrees with them, those tensors are settled; otherwise, and for every tensor that
+        fails, each tensor takes its own directions as in any check."""
+        if len(self.judges) <= FD_JOINT_TENSORS or not self.ref.large:
+            return
+        passing = {j.key: (j.x, j.g_auto) for name, j in self.judges.items()
+                   if j.passes(hands[name])}
+        try:
+            joint = self.fd.measure_joint(passing, self.rng)
+        except Exception:  # the forward raised at a joint point: each tensor's own directions
+            return
+        if joint is None or not joint.autodiff_agrees:
+            return
+        for judge in self.judges.values():
+            judge.joint = joint
+        self.notes.append(Note(Finding.FD_JOINT, (("tensors", len(joint.keys)),
+                                                  ("directions", len(joint.values)),
+                                                  ("error", joint.autodiff_error))))
 
     def _gradient_dtypes(self):
         """A gradient returned in another dtype than the inputs' is a finding of the check (as
@@ -610,6 +641,7 @@ class Judge:
         self.last_hand = None
         self._kinked = None
         self.bands: aggregate.Bands | None = None  # the aggregate test's, set by the check
+        self.joint: Joint | None = None  # FD along joint directions that autodiff agreed with
 
     def _measure(self):
         if self.measured is None:
@@ -617,10 +649,9 @@ class Judge:
             self.fd_tols = _fd_tolerances(self.g_auto, self.measured)
         return self.measured
 
-    def judge(self, hand, evidence=True) -> TensorResult:
-        """The verdict on a hand gradient of this tensor (None: the backward returned none).
-        evidence=False: where hand and autodiff disagree, no evidence is examined (the verdict is
-        unresolved, failing all the same): for callers that ask only whether it passes."""
+    def _compare(self, hand):
+        """Hand against autodiff: (result, h, |h - g| / tol, passes, the set outside its band);
+        h is None when the result is final already (no gradient, misshapen, non-finite)."""
         g = self.g_auto
         result = TensorResult(self.name, tuple(np.shape(self.x)))
         scale = float(np.max(np.abs(g))) if g.size else 0.0
@@ -628,17 +659,17 @@ class Judge:
         self.last_hand = None
         if hand is None:
             result.verdict = Verdict(Kind.NO_GRADIENT)
-            return result
+            return result, None, None, False, None
         hand = np.asarray(to_numpy(hand))
         if not tolerances.is_float(hand.dtype):
             result.verdict = Verdict(Kind.NOT_FLOAT, f"dtype {hand.dtype}")
-            return result
+            return result, None, None, False, None
         if hand.shape != result.shape:
             result.verdict = Verdict(Kind.MISSHAPEN, f"{hand.shape}, expected {result.shape}")
             result.diagnosis = diagnose(self.name, _f64(hand), g,
                                         Context({}, [], {}, [], [], np.zeros(0), None),
                                         result.tol)
-            return result
+            return result, None, None, False, None
         if hand.dtype != self.dtype:
             result.note = str(Note(Finding.PROMOTES, (("dtype", str(self.dtype)),
                                                       ("got", str(hand.dtype)))))
@@ -648,7 +679,7 @@ class Judge:
         if not (finite_h and finite_g):
             legs = [leg for leg, ok in (("hand", finite_h), ("autodiff", finite_g)) if not ok]
             result.verdict = Verdict(Kind.NON_FINITE, "in the " + " and ".join(legs) + " leg")
-            return result
+            return result, None, None, False, None
         result.hand_vs_autodiff = normwise(h, g)
         result.score = _score(h, g, self.tol)
         with np.errstate(over="ignore"):  # a huge error over a subnormal tolerance: inf
@@ -656,6 +687,34 @@ class Judge:
         if h.size:
             result.max_abs = float(np.max(np.abs(h - g)))
             result.worst = tuple(int(i) for i in np.unravel_index(int(ratio.argmax()), g.shape))
+        passes = result.score <= 1
+        outside = None  # the aggregate test: a set whose bias is outside its band
+        if self.bands is not None:
+            result.bias_score, outside = aggregate.worst(h - g, g, self.bands,
+                                                         rounded=hand.dtype == self.dtype)
+            passes = passes and outside is None
+        return result, h, ratio, passes, outside
+
+    def passes(self, hand) -> bool:
+        """Does the hand gradient agree with autodiff (element-wise and in the aggregate)?"""
+        return self._compare(hand)[3]
+
+    def judge(self, hand, evidence=True) -> TensorResult:
+        """The verdict on a hand gradient of this tensor (None: the backward returned none).
+        evidence=False: where hand and autodiff disagree, no evidence is examined (the verdict is
+        unresolved, failing all the same): for callers that ask only whether it passes."""
+        g = self.g_auto
+        result, h, ratio, hand_auto_ok, outside = self._compare(hand)
+        if h is None:
+            return result
+        if hand_auto_ok and self.joint is not None and self.key in self.joint.keys:
+            # autodiff agreed with FD along the joint directions (set only then, by the check)
+            result.autodiff_vs_fd = self.joint.autodiff_error
+            result.hand_vs_fd, hand_fd_ok = self.joint.hand(self.key, h, g, self.tol)
+            result.tol_fd = max(self.joint.tols)
+            result.verdict = _verdict(True, hand_fd_ok, True, "", False)
+            result.ok = result.verdict.ok
+            return result
         try:
             m = self._measure()
         except Exception as exc:  # the forward raised at a perturbed point
@@ -668,12 +727,6 @@ class Judge:
         if not (math.isfinite(hand_fd) and math.isfinite(auto_fd)):
             result.verdict = Verdict(Kind.NON_FINITE, "in the finite differences")
             return result
-        hand_auto_ok = result.score <= 1
-        outside = None  # the aggregate test: a set whose bias is outside its band
-        if self.bands is not None:
-            result.bias_score, outside = aggregate.worst(h - g, g, self.bands,
-                                                         rounded=hand.dtype == self.dtype)
-            hand_auto_ok = hand_auto_ok and outside is None
         kink = ""
         if not auto_fd_ok:
             if self._kinked is None:

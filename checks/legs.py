@@ -24,6 +24,8 @@ from checks.rounding import RoundingModel, Unsupported
 from kernels.backend import to_numpy
 
 FD_DIRECTIONS = 3         # random directions per tensor, always
+FD_JOINT_TENSORS = 16     # a large program's check with more tensors than this (the whole
+#                           model) takes FD along joint directions first (``measure_joint``)
 FD_SCHEMES = ("central", "richardson", "complex", "none")
 KINK_FACTOR = 10          # a kink: second differences off by 10 x the FD tolerance
 KINKED = "the function is not smooth within the step (a kink?)"
@@ -93,6 +95,8 @@ class Oracle:
         self.params = {k: jax.device_put(v) for k, v in params64.items()}
         self.static_items = None
         self._flips = None  # (dout, seed, roundoffs, flips) of the last spread, for kinks
+        # of the rounding model's program, once ``spread`` ran it
+        self.samples, self.elements, self.large = tolerances.SAMPLES, 0, False
         try:
             self.static_items, self.arrays = _split_static(static)
             self._fns = list(_oracle_functions(oracle, self.diff_idx, self.static_items))
@@ -193,6 +197,8 @@ class Oracle:
         try:
             model, args = self._model(dout)
             (out, (d_in, d_params)), flips = model.spread_and_flips(args, seed, kink_us)
+            # the spreads' runs per part (Policy.for_samples) and the program's size
+            self.samples, self.elements, self.large = model.samples, model.elements, model.large
         except Unsupported:
             raise
         except Exception as exc:  # a trace the model cannot follow
@@ -225,6 +231,38 @@ class Oracle:
 
 
 # --- finite differences --------------------------------------------------------------------
+
+class Joint(NamedTuple):
+    """FD along joint directions (``FiniteDifferences.measure_joint``): each direction moves
+    every tensor of ``keys`` at once by w_k; D = <g, w> to FD's accuracy for a correct
+    autodiff gradient g.  Errors are relative to ``scale`` = sum_k s_k (each tensor's
+    |g_k| |w_k|, equal shares), as a single tensor's are to its |g| |v|."""
+    keys: tuple
+    moves: list       # per direction, key -> w_k
+    values: list      # per direction, D
+    tols: list        # per direction, FD's relative tolerance at ``scale``
+    autos: list       # per direction, sum_k <g_k, w_k> of autodiff
+    scale: float
+
+    @property
+    def autodiff_error(self) -> float:
+        return max(abs(a - d) / self.scale for a, d in zip(self.autos, self.values))
+
+    @property
+    def autodiff_agrees(self) -> bool:
+        return all(abs(a - d) <= t * self.scale
+                   for a, d, t in zip(self.autos, self.values, self.tols))
+
+    def hand(self, key, h, g, tol):
+        """(hand vs FD, agrees): autodiff's sum with tensor key's term taken from the hand h,
+        allowed FD's error plus the hand's own rounding along w_k (sum |w_k| tol)."""
+        err, ok = 0.0, True
+        for w, d, t, a in zip(self.moves, self.values, self.tols, self.autos):
+            e = abs(a + float(np.sum((h - g) * w[key])) - d)
+            ok &= e <= t * self.scale + float(np.sum(np.abs(w[key]) * tol))
+            err = max(err, e / self.scale)
+        return err, bool(ok)
+
 
 class Measured(NamedTuple):
     """Finite-difference derivatives of one tensor: along random directions, and element-wise."""
@@ -268,15 +306,19 @@ class FiniteDifferences:
             return False
 
     def _value(self, key, replacement, complex_ok=False):
+        return self._value_at({key: replacement}, complex_ok)
+
+    def _value_at(self, replacements, complex_ok=False):
         inputs, params = list(self.inputs), dict(self.params)
-        original = inputs[key] if isinstance(key, int) else params[key]
-        replacement = np.asarray(replacement)
-        if not complex_ok:
-            replacement = replacement.astype(original.dtype)
-        if isinstance(key, int):
-            inputs[key] = replacement
-        else:
-            params[key] = replacement
+        for key, replacement in replacements.items():
+            original = inputs[key] if isinstance(key, int) else params[key]
+            replacement = np.asarray(replacement)
+            if not complex_ok:
+                replacement = replacement.astype(original.dtype)
+            if isinstance(key, int):
+                inputs[key] = replacement
+            else:
+                params[key] = replacement
         out, _ = self.forward(*inputs, params, **self.static)
         out = np.asarray(to_numpy(out))
         if complex_ok:
@@ -342,6 +384,53 @@ class FiniteDifferences:
                 elements.reshape(-1)[i] = d
                 element_tols.append(tol_of)
         return Measured(directions, values, tols, elements, element_tols)
+
+    def measure_joint(self, tensors, rng) -> "Joint | None":
+        """FD along FD_DIRECTIONS joint directions that move every tensor at once: tensors maps
+        key -> (x, autodiff's gradient g).  Tensor k moves by w_k = c_k h_k v_k (v_k unit rms,
+        h_k its own u^(1/3) step) with c_k = min(1, s_min / s_k), s_k = h_k |g_k| |v_k|: every
+        tensor's expected share of D = (L(x + w) - L(x - w)) / 2 is the same, so an error
+        in a tensor of small gradient is not drowned by the large ones, and no tensor moves
+        further than its own step.  A tensor whose share would put FD's rounding above its
+        truncation (4 u sum |f dout| > FD_SAFETY u^(2/3) x the joint scale) is left out with
+        those of zero gradient: it takes its own directions.  None: central differences are not
+        the scheme, or fewer than two tensors join."""
+        if self.scheme != "central" or self.skipped:
+            return None
+        p = self.policy
+        steps, shares = {}, {}
+        for key, (x, g) in tensors.items():
+            size = float(np.sqrt(np.mean(x * x))) if x.size else 1.0
+            steps[key] = tolerances.fd_step(size, self.u)
+            shares[key] = steps[key] * float(np.linalg.norm(g)) * math.sqrt(x.size)
+        _, rounding = self._value_at({})
+        order = sorted((k for k in shares if shares[k] > 0), key=lambda k: -shares[k])
+        truncation = p.FD_SAFETY * self.u ** (2 / 3)
+        # the most tensors, largest shares first, whose joint scale m s_(m) keeps rounding
+        # below truncation
+        fits = [m for m in range(1, len(order) + 1)
+                if 4 * self.u * rounding <= truncation * m * shares[order[m - 1]]]
+        joined = order[:max(fits)] if fits else []
+        if len(joined) < 2:
+            return None
+        s_min = shares[joined[-1]]
+        moves, values, tols, autos = [], [], [], []
+        for _ in range(FD_DIRECTIONS):
+            w = {}
+            for k in joined:
+                x = tensors[k][0]
+                v = rng.standard_normal(x.shape)
+                v = v / max(np.sqrt(np.mean(v * v)), 1e-300)  # unit rms
+                w[k] = (steps[k] * s_min / shares[k]) * v
+            (lp, ap) = self._value_at({k: tensors[k][0] + w[k] for k in joined})
+            (lm, am) = self._value_at({k: tensors[k][0] - w[k] for k in joined})
+            moves.append(w)
+            values.append((lp - lm) / 2)
+            tols.append(p.fd_tol(max(ap, am), 1.0, len(joined) * s_min, self.u))
+            autos.append(sum(float(np.sum(tensors[k][1] * w[k])) for k in joined))
+        if not all(math.isfinite(d) for d in values):
+            return None
+        return Joint(tuple(joined), moves, values, tols, autos, len(joined) * s_min)
 
     def kinked(self, key, x, measured, g_auto, tol) -> str:
         """Why FD cannot be trusted here, or "": L non-smooth within the step along a direction

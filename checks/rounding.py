@@ -91,7 +91,7 @@ import numpy as np
 from jax.extend import core as jcore
 
 from checks.aggregate import slice_count, slice_sums
-from checks.tolerances import SAMPLES  # perturbed runs per part of the program (its LAMBDA)
+from checks.tolerances import samples_for  # perturbed runs per part of the program (its LAMBDA)
 from reference.layers import BOUNDARY
 
 U_SIM = 2.0 ** -30   # the simulation's roundoff; spreads are scaled by u / U_SIM
@@ -213,13 +213,12 @@ class RoundingModel:
     same draws (``_sampler``).  The programs are compiled without XLA's costly passes: a
     model, not a result."""
 
-    def __init__(self, program, args, dout_index, samples=SAMPLES):
+    def __init__(self, program, args, dout_index, samples=None):
         self.closed, self.shapes = jax.make_jaxpr(program, return_shape=True)(*args)
         flat, _ = jax.tree_util.tree_flatten(args)
         counts = [len(jax.tree_util.tree_leaves(a)) for a in args]
         start = sum(counts[:dout_index])
         self.backward_in = [start <= i < start + counts[dout_index] for i in range(len(flat))]
-        self.samples = samples
         self.record = []  # (shape, part) of every perturbation, in program order
         kept = []         # whether its amplitude is kept from the exact run (a sum's)
         self.layered = _has_layers(self.closed.jaxpr)
@@ -228,6 +227,8 @@ class RoundingModel:
         self.has_branches = counter.branches > 0
         self.sizes = [math.prod(shape) for shape, _ in self.record]
         self.elements = sum(self.sizes)
+        # SAMPLES runs per part, fewer for a program whose runs would dominate its check's time
+        self.samples = samples or samples_for(self.elements)
         # beyond LARGE_ELEMENTS a program runs one sample at a time, its noise sliced from a
         # pool (``_pool_noise``), every part at once where the roundoffs are known (``_large``);
         # below, a chunk's draws are made on the host and feed every part
@@ -239,9 +240,9 @@ class RoundingModel:
         self._amplitudes_run = jax.jit(self._amplitudes, compiler_options=exact_options)
         self._margins_run = jax.jit(self._margins, compiler_options=exact_options)
         self._run = jax.jit(self._spreads, compiler_options=FAST_COMPILE)
-        self._sample_run = jax.jit(self._one_sample, compiler_options=FAST_COMPILE)
+        self._sample_run = jax.jit(self._one_sample, compiler_options=exact_options)
         self._flips_run = jax.jit(self._flips, compiler_options=FAST_COMPILE)
-        self._moves_run = jax.jit(self._moves, static_argnums=2, compiler_options=FAST_COMPILE)
+        self._moves_run = jax.jit(self._moves, static_argnums=2, compiler_options=exact_options)
         self._one_by_one_run = jax.jit(self._one_by_one, compiler_options=FAST_COMPILE)
         self.used = tuple(sorted({p for _, p in self.record}))
         # operation -> index of its amplitude kept from the exact run: every operation's in a

@@ -94,6 +94,9 @@ from kernels.precision import COMPUTE_FORMATS, FLOAT32_INSIDE
 U64 = float(numpy.finfo(numpy.float64).eps) / 2
 
 SAMPLES = 64          # perturbed runs per part of the rounding model (checks.rounding)
+SAMPLE_WORK = 2 ** 32  # samples x recorded elements beyond which a program runs fewer samples:
+#                        about 20 s of a large program's sample loop on a 2-core machine
+MIN_SAMPLES = 16      # ... but never fewer than this (LAMBDA 16, BIAS_LAMBDA 5.0 at 16)
 ELEMENT_ODDS = 3e-11  # a correct element's chance to fall outside LAMBDA estimated spreads
 SET_ODDS = 2e-7       # a correct set's chance to fall outside the aggregate test's band
 REAL_PER_MODEL = math.sqrt(3)  # model spreads per real one: the model draws each rounding with
@@ -106,6 +109,18 @@ def student(odds: float, samples: int = SAMPLES) -> float:
     those odds."""
     from scipy.special import stdtrit
     return -float(stdtrit(samples, odds / 2))  # the lower tail: odds / 2 kept to full precision
+
+
+def samples_for(elements: int) -> int:
+    """Perturbed runs of a rounding-model program of ``elements`` recorded elements: SAMPLES,
+    or as many as SAMPLE_WORK allows (at least MIN_SAMPLES) for a program too large for
+    SAMPLES runs in about the time of the rest of its check (the whole model at the bench's
+    size: 331 million elements, 16 runs).  Fewer runs estimate the spread less well, and the
+    policy's multiples widen to match (``Policy.for_samples``): a sharper check of a large
+    program costs more runs, not a narrower quantile."""
+    if SAMPLES * elements <= SAMPLE_WORK:
+        return SAMPLES
+    return max(MIN_SAMPLES, min(SAMPLES, SAMPLE_WORK // max(int(elements), 1)))
 
 
 def unit_roundoff(dtype) -> float:
@@ -149,6 +164,16 @@ class Policy:
             raise ValueError(f"tolerance override: no policy field {sorted(unknown)}; the fields "
                              f"are {sorted(fields)}")
         return dataclasses.replace(self, **mine) if mine else self
+
+    def for_samples(self, samples: int) -> "Policy":
+        """This policy for spreads estimated from ``samples`` perturbed runs instead of SAMPLES:
+        LAMBDA and BIAS_LAMBDA scaled by Student's quantiles at the same odds (``student``), so
+        a row's own multiples keep their ratio to the default."""
+        if samples == SAMPLES:
+            return self
+        return dataclasses.replace(
+            self, LAMBDA=self.LAMBDA * student(ELEMENT_ODDS, samples) / student(ELEMENT_ODDS),
+            BIAS_LAMBDA=self.BIAS_LAMBDA * student(SET_ODDS, samples) / student(SET_ODDS))
 
     def for_compute(self, compute) -> "Policy":
         """This policy for a kernel of the compute format ``compute`` (``kernels.precision``:

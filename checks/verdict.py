@@ -67,6 +67,14 @@ class Finding(enum.Enum):
                          "errors below that go unseen; "
                          "normwise fallback tolerance")
     NO_FINITE_DIFFERENCES = "finite differences skipped (fd='none'): hand against autodiff only"
+    FD_JOINT = ("finite differences along {directions} joint directions, each moving the "
+                "{tensors} tensors that agree with autodiff at once with equal shares, agree "
+                "with autodiff (error {error:.2g} of their scale): a large program's check of "
+                "many tensors; a failing tensor takes its own directions")
+    FEW_SAMPLES = ("the rounding model ran {samples} samples per part, not more, for its program "
+                   "of {elements} recorded elements: the tolerances allow {lam:.3g} spreads per "
+                   "element and {bias:.3g} per set, the quantiles of a spread estimated from "
+                   "{samples} samples")
     COMPLEX_STEP_ON_ORACLE = ("the hand forward does not take complex inputs: the complex step "
                               "ran on the oracle (an oracle self-check, kept out of triage)")
 

@@ -206,7 +206,7 @@ print(report, file=sys.stderr)
 """
 
 
-@pytest.mark.slow  # about 190 s on two cores
+@pytest.mark.slow  # about 40-55 s on two cores (the first run compiles)
 def test_the_correct_whole_model_at_the_benchs_size_passes_in_float32_within_4_gb():
     """The bench's large training step (B 32, T 64, D 256, H 8, F 1024): 331 million recorded
     elements per sample of the rounding model, thousands of leaky ReLU pre-activations within

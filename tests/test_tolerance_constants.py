@@ -40,3 +40,38 @@ def test_the_policy_constants_are_the_quantiles_at_the_models_sample_count():
     assert round(student(tolerances.SET_ODDS, 16) / np.sqrt(3), 1) == 5.0
     # more samples, narrower multiples, towards the Gaussian quantile
     assert student(3e-11, 16) > student(3e-11, 64) > stats.norm.isf(1.5e-11)
+
+
+def test_a_program_too_large_for_all_samples_runs_fewer_with_wider_multiples():
+    from checks.tolerances import MIN_SAMPLES, SAMPLE_WORK, SAMPLES, samples_for
+    # the registry's rows at the bench's large size record up to 48 million elements (the
+    # QK-norm cross-attention): all samples; the whole model at that size, 331 million: fewer
+    assert samples_for(48_000_000) == SAMPLES
+    assert samples_for(SAMPLE_WORK // SAMPLES) == SAMPLES
+    assert MIN_SAMPLES <= samples_for(331_000_000) < SAMPLES
+    assert samples_for(10 ** 12) == MIN_SAMPLES
+    # the policy for n samples: the quantiles at n, a row's own multiples scaled alike
+    p = Policy().for_samples(16)
+    assert np.isclose(p.LAMBDA, student(tolerances.ELEMENT_ODDS, 16))
+    assert np.isclose(p.BIAS_LAMBDA, student(tolerances.SET_ODDS, 16) / np.sqrt(3))
+    row = Policy(LAMBDA=12.0).for_samples(16)
+    assert np.isclose(row.LAMBDA / 12.0, p.LAMBDA / Policy().LAMBDA)
+    assert Policy().for_samples(SAMPLES) == Policy()
+
+
+def test_the_checker_widens_its_multiples_when_its_program_ran_fewer_samples(monkeypatch):
+    # the same correct check, its rounding model forced to 16 samples: the element-wise
+    # tolerance is LAMBDA(16) = 2.0 x LAMBDA(64) spreads of a 16-sample estimate; the estimate
+    # errs by its sampling error and the ULPS term does not scale, so the largest tolerance
+    # grows by 1.4-2.1 on seeds 3-5 of this row: between 1.2 and 3
+    from checks import legs, rounding
+    from checks.registry import BY_NAME, run_row
+    monkeypatch.setattr(rounding, "samples_for", lambda elements: 16)
+    monkeypatch.setattr(legs, "_ROUNDING_MODELS", {})  # models are kept per oracle and shape
+    report = run_row(BY_NAME["linear"], np.float32, seed=3)
+    assert report.ok
+    monkeypatch.undo()
+    monkeypatch.setattr(legs, "_ROUNDING_MODELS", {})
+    full = run_row(BY_NAME["linear"], np.float32, seed=3)
+    for few, many in zip(report.tensors, full.tensors):
+        assert 1.2 < few.tol / many.tol < 3.0, (few.name, few.tol / many.tol)
