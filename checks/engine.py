@@ -713,8 +713,7 @@ class Judge:
             result.hand_vs_fd, hand_fd_ok = self.joint.hand(self.key, h, g, self.tol)
             result.tol_fd = max(self.joint.tols)
             result.verdict = _verdict(True, hand_fd_ok, True, "", False)
-            result.ok = result.verdict.ok
-            return result
+            return _noted(result)
         try:
             m = self._measure()
         except Exception as exc:  # the forward raised at a perturbed point
@@ -753,10 +752,15 @@ class Judge:
                 elements.append(aggregate.examine(self.fd, self.key, self.x, h, g, outside))
                 what = "elements and sets"
             result.verdict = blame(elements, self.caveats(), auto_fd_ok, kink, what=what)
-        if result.verdict.kind in (Kind.FD_SET_ASIDE, Kind.FD_BORDERLINE):
-            result.note = str(result.verdict)
-        result.ok = result.verdict.ok
-        return result
+        return _noted(result)
+
+
+def _noted(result: TensorResult) -> TensorResult:
+    """The result with its verdict's ok, and FD's note where FD was near or set aside."""
+    if result.verdict.kind in (Kind.FD_SET_ASIDE, Kind.FD_BORDERLINE):
+        result.note = str(result.verdict)
+    result.ok = result.verdict.ok
+    return result
 
 
 class FdTolerances(NamedTuple):
