@@ -313,10 +313,13 @@ def _ranked(e, columns, n, g):
         return None
     C = columns.reshape(n, -1)
     norms = np.linalg.norm(C, axis=1)
-    live = np.flatnonzero(norms > 1e-12 * max(float(norms.max()), 1e-300))
+    ev = e.reshape(-1)
+    # a column is numerically zero against the error it should explain, not against the
+    # largest column: one absurd column (a derivative dividing by a cotangent that rounding
+    # left at 1e-17 instead of 0) would otherwise silence every other
+    live = np.flatnonzero(norms > 1e-12 * float(np.linalg.norm(ev)))
     if not live.size:
         return None
-    ev = e.reshape(-1)
     corr = np.abs(C[live] @ ev) / (norms[live] * np.linalg.norm(ev))
     return scale, C, norms, live, live[np.argsort(-corr)]
 

@@ -558,12 +558,16 @@ class LayerCheck:
         from checks.substitution import cached_arrays
         names = {i: self.names[i] for i in self.diff_idx}
         tol64 = lambda j: self._tol_at(j, np.float64)
-        cached = lambda: cached_arrays(self.cache)  # copied only if the substitutions are built
+        rerun = None if self.dtype == np.float64 else float64_rerun(
+            self.forward_fn, self.backward_fn, self.inputs64, self.params64, self.static,
+            self.dout64, self.names, self.judges, tol64)
+        # copied only if the substitutions are built; a low-precision check's gradients are
+        # fitted on its float64 run, so the cached values are that run's
+        def cached():
+            own = rerun.cache() if rerun is not None else None
+            return cached_arrays(self.cache if own is None else own)
         return dict(dtype=str(self.dtype), paths=for_oracle(self.ref, self.dout64, names, cached),
-                    other_static=self._other_static(),
-                    float64=None if self.dtype == np.float64 else float64_rerun(
-                        self.forward_fn, self.backward_fn, self.inputs64, self.params64,
-                        self.static, self.dout64, self.names, self.judges, tol64))
+                    other_static=self._other_static(), float64=rerun)
 
     def _other_static(self):
         """() -> [(label, trusted gradients)] with one static argument at another value: a flag
@@ -587,12 +591,16 @@ class LayerCheck:
         return alternatives
 
     def _tol_at(self, judge, dtype):
-        """The element-wise tolerance of a judge's tensor for a check in another dtype."""
+        """The element-wise tolerance of a judge's tensor for a check in another dtype: as that
+        check computes it (``_tol``), the inputs rounded at its roundoff included (backward
+        stability: a correct kernel differentiates at a forward's rounded results), and the
+        kinks' moves."""
         spread = self._spread_of(judge.key)
         if spread is None:
             return judge.tol
         u = self.policy.u(np.dtype(dtype))
-        return self.policy.elementwise(spread.at(u, u, 0.0), judge.g_auto, np.dtype(dtype))
+        return self.policy.elementwise(spread.at(u, u, u[0], format=u[0]), judge.g_auto,
+                                       np.dtype(dtype)) + self._moved(judge.key)
 
     # --- the pipeline ----------------------------------------------------------------------
 

@@ -57,6 +57,8 @@ MAX_COTANGENT_WORK = 2e8     # substitutions x their cotangents' elements: the b
 CHUNK_ELEMENTS = 2 ** 22     # cotangent elements held at once (32 MiB in float64)
 MAX_TERMS = 4                # substitutions combined at most (two constants swapped in two
 #                              products each: four)
+CACHED_SAME = 1e-12          # a cached field within this of a program value (relative to its
+#                              largest element) is that value: float64 rounding, not a tensor
 PAIRS, TRIPLES = 48, 20      # the columns most correlated with the error tried in pairs, triples
 
 
@@ -168,6 +170,13 @@ def _interpret(jaxpr, consts, args, active_in, hook, order=None):
         for var, value in zip(eqn.outvars, outs):
             env[var], active[var] = value, any(flags)
     return [read(v) for v in jaxpr.outvars]
+
+
+def _near(a, b) -> bool:
+    """A hand's cached field that is a program value up to the hand's float64 rounding is that
+    value (named by its source expression, as where it is equal)."""
+    scale = float(np.max(np.abs(b))) if b.size else 0.0
+    return bool(np.all(np.abs(a - b) <= CACHED_SAME * scale))
 
 
 def _fits(have, want, most=MAX_PERMUTATIONS):
@@ -288,9 +297,10 @@ class Substitutions:
             if sorted(array.shape) != sorted(shape) or not np.any(array) \
                     or not np.all(np.isfinite(array)):
                 continue
+            same = _near if tensor.kind == "cached" else np.array_equal
             for perm in _fits(array.shape, shape):
                 a = np.transpose(array, perm)
-                if any(x.shape == a.shape and np.array_equal(a, x) for x in arrays):
+                if any(x.shape == a.shape and same(a, x) for x in arrays):
                     continue
                 arrays.append(a)
                 found.append((tensor._replace(perm=tuple(perm)), a))
