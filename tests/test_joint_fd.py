@@ -108,6 +108,7 @@ def test_a_hand_bug_is_judged_on_its_own_directions_beside_the_joint(large):
     assert Finding.FD_JOINT in _findings(report)  # the 20 agreeing tensors joined
 
 
+@pytest.mark.slow  # 20 tensors' own directions: two seconds
 def test_a_small_program_keeps_each_tensors_own_directions():
     report = _check()
     assert report.ok, str(report)
