@@ -650,6 +650,7 @@ class Judge:
         self._kinked = None
         self.bands: aggregate.Bands | None = None  # the aggregate test's, set by the check
         self.joint: Joint | None = None  # FD along joint directions that autodiff agreed with
+        self._compared = None  # (hand, _compare(hand)) of the last ``passes``
 
     def _measure(self):
         if self.measured is None:
@@ -704,15 +705,19 @@ class Judge:
         return result, h, ratio, passes, outside
 
     def passes(self, hand) -> bool:
-        """Does the hand gradient agree with autodiff (element-wise and in the aggregate)?"""
-        return self._compare(hand)[3]
+        """Does the hand gradient agree with autodiff (element-wise and in the aggregate)?  The
+        comparison is kept for the ``judge`` of the same hand that follows."""
+        self._compared = (hand, self._compare(hand))
+        return self._compared[1][3]
 
     def judge(self, hand, evidence=True) -> TensorResult:
         """The verdict on a hand gradient of this tensor (None: the backward returned none).
         evidence=False: where hand and autodiff disagree, no evidence is examined (the verdict is
         unresolved, failing all the same): for callers that ask only whether it passes."""
         g = self.g_auto
-        result, h, ratio, hand_auto_ok, outside = self._compare(hand)
+        kept, self._compared = self._compared, None
+        result, h, ratio, hand_auto_ok, outside = kept[1] if kept is not None \
+            and kept[0] is hand else self._compare(hand)
         if h is None:
             return result
         if hand_auto_ok and self.joint is not None and self.key in self.joint.keys:

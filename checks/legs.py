@@ -365,13 +365,12 @@ class FiniteDifferences:
     def measure(self, key, x, rng) -> Measured:
         """FD derivatives of tensor x along FD_DIRECTIONS random directions, and element by
         element when x has at most the policy's FD_ELEMENTWISE_MAX elements."""
-        size = float(np.sqrt(np.mean(x * x))) if x.size else 1.0
+        size = rms_size(x)
         directions, values, tols = [], [], []
         if self.skipped:
             return Measured([], [], [], None, [])
         for _ in range(FD_DIRECTIONS):
-            v = rng.standard_normal(x.shape)
-            v = v / max(np.sqrt(np.mean(v * v)), 1e-300)  # unit rms
+            v = unit_rms_direction(rng, x.shape)
             d, tol_of = self.derivative(key, x, v, size)
             directions.append(v)
             values.append(d)
@@ -400,8 +399,9 @@ class FiniteDifferences:
         p = self.policy
         steps, shares = {}, {}
         for key, (x, g) in tensors.items():
-            size = float(np.sqrt(np.mean(x * x))) if x.size else 1.0
+            size = rms_size(x)
             steps[key] = tolerances.fd_step(size, self.u)
+            # |g| |v| with |v| = sqrt(size) for a unit-rms v
             shares[key] = steps[key] * float(np.linalg.norm(g)) * math.sqrt(x.size)
         _, rounding = self._value_at({})
         order = sorted((k for k in shares if shares[k] > 0), key=lambda k: -shares[k])
@@ -419,8 +419,7 @@ class FiniteDifferences:
             w = {}
             for k in joined:
                 x = tensors[k][0]
-                v = rng.standard_normal(x.shape)
-                v = v / max(np.sqrt(np.mean(v * v)), 1e-300)  # unit rms
+                v = unit_rms_direction(rng, x.shape)
                 w[k] = (steps[k] * s_min / shares[k]) * v
             (lp, ap) = self._value_at({k: tensors[k][0] + w[k] for k in joined})
             (lm, am) = self._value_at({k: tensors[k][0] - w[k] for k in joined})
@@ -438,7 +437,7 @@ class FiniteDifferences:
         explained by its own step dependence (CURVED).  Run only to explain a disagreement."""
         if self.scheme == "complex":
             return ""
-        size = float(np.sqrt(np.mean(x * x))) if x.size else 1.0
+        size = rms_size(x)
         along = [(v, float(np.linalg.norm(g_auto) * np.linalg.norm(v)))
                  for v in measured.directions]
         if measured.elements is not None:
@@ -509,6 +508,17 @@ class FiniteDifferences:
         s1 = s(H)
         jumps = (abs(s1 - 4 * s(H / 4)), abs(s1 - 2 * s(H / 2)))
         return max(jumps) > threshold
+
+
+def rms_size(x) -> float:
+    """The typical magnitude of a tensor (its rms; 1 when empty): what FD steps scale with."""
+    return float(np.sqrt(np.mean(x * x))) if x.size else 1.0
+
+
+def unit_rms_direction(rng, shape):
+    """A random direction of unit rms (|v| = sqrt(its size))."""
+    v = rng.standard_normal(shape)
+    return v / max(np.sqrt(np.mean(v * v)), 1e-300)
 
 
 def _unit_vectors(shape):

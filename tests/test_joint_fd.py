@@ -118,8 +118,9 @@ def test_a_small_program_keeps_each_tensors_own_directions():
 def test_the_joint_shares_are_equal_and_no_tensor_moves_beyond_its_own_step():
     from checks import tolerances
     x, params = _case()
-    fd = legs.FiniteDifferences(forward, [x], params, {}, np.ones((B, D)))
-    g = {k: np.asarray(a) * (x.T @ np.ones((B, D))) for k, a in zip(params, A)}
+    dout = np.random.default_rng(1).standard_normal((B, D))  # a random upstream gradient
+    fd = legs.FiniteDifferences(forward, [x], params, {}, dout)
+    g = {k: np.asarray(a) * (x.T @ dout) for k, a in zip(params, A)}
     joint = fd.measure_joint({k: (params[k], g[k]) for k in params}, np.random.default_rng(0))
     assert joint is not None and len(joint.keys) == K
     for w in joint.moves:
