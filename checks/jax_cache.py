@@ -11,7 +11,8 @@ parallel test workers never read a half-written entry; without it the folder gro
 bound and an entry read while another process writes it fails its checksum: JAX warns and
 compiles the program again.
 
-Only the XLA compilation is saved: tracing and lowering still run in every process, and a
+Only the XLA compilation is saved here: tracing and lowering still run in every process (except
+for the rounding model's programs, whose traces ``checks.program_cache`` keeps beside), and a
 program under the threshold compiles again in each: a check therefore moves its arrays with
 ``jax.device_put`` (a transfer), never ``jnp.asarray`` (a small program per shape and dtype:
 thirteen in the first call of the registry's attention check, tens of milliseconds each), and
@@ -40,6 +41,14 @@ def folder(environ=None) -> pathlib.Path | None:
         return None if value.lower() in ("", "off") else pathlib.Path(value).expanduser()
     base = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return pathlib.Path(base) / "gradlab" / "jax"
+
+
+def programs_folder() -> pathlib.Path | None:
+    """The folder of traced programs (``checks.program_cache``): inside the compilation cache's
+    folder (whose bound counts JAX's own files only), and off when it is off."""
+    import jax
+    base = jax.config.jax_compilation_cache_dir
+    return pathlib.Path(base) / "programs" if base else None
 
 
 def enable(environ=None) -> pathlib.Path | None:

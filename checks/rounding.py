@@ -90,6 +90,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.extend import core as jcore
 
+from checks import program_cache
 from checks.aggregate import slice_count, slice_sums
 from checks.tolerances import samples_for  # perturbed runs per part of the program (its LAMBDA)
 from reference.layers import BOUNDARY
@@ -237,13 +238,18 @@ class RoundingModel:
         # (a second product per product, partial sums) then run in 2.6 s instead of 7 s at the
         # bench's size, for 0.6 s more of compilation (measured on the whole model)
         exact_options = {} if self.large else FAST_COMPILE
-        self._amplitudes_run = jax.jit(self._amplitudes, compiler_options=exact_options)
-        self._margins_run = jax.jit(self._margins, compiler_options=exact_options)
-        self._run = jax.jit(self._spreads, compiler_options=FAST_COMPILE)
-        self._sample_run = jax.jit(self._one_sample, compiler_options=exact_options)
-        self._flips_run = jax.jit(self._flips, compiler_options=FAST_COMPILE)
-        self._moves_run = jax.jit(self._moves, static_argnums=2, compiler_options=exact_options)
-        self._one_by_one_run = jax.jit(self._one_by_one, compiler_options=FAST_COMPILE)
+        # every program traced once per oracle, shapes and code, then read from disk
+        key = program_cache.fingerprint(str(self.closed.jaxpr), *self.closed.consts,
+                                        repr((self.backward_in, self.large, self.samples)))
+        jit = lambda fn, options, **kw: program_cache.jit(fn, f"{key}:{fn.__name__}",
+                                                          compiler_options=options, **kw)
+        self._amplitudes_run = jit(self._amplitudes, exact_options)
+        self._margins_run = jit(self._margins, exact_options)
+        self._run = jit(self._spreads, FAST_COMPILE)
+        self._sample_run = jit(self._one_sample, exact_options)
+        self._flips_run = jit(self._flips, FAST_COMPILE)
+        self._moves_run = jit(self._moves, exact_options, static_argnums=(2,))
+        self._one_by_one_run = jit(self._one_by_one, FAST_COMPILE)
         self.used = tuple(sorted({p for _, p in self.record}))
         # operation -> index of its amplitude kept from the exact run: every operation's in a
         # small program (the perturbed runs then trace no |value|), only the sums' beyond

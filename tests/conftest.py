@@ -17,6 +17,10 @@ FAST_COMPILE = "--xla_cpu_use_fusion_emitters=false"
 if "xla_cpu_use_fusion_emitters" not in os.environ.get("XLA_FLAGS", ""):  # before XLA starts
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + FAST_COMPILE).strip()
 
+# traced programs are kept for a later process (checks/program_cache.py): a cold run only pays
+# for exporting them, so the suite traces as a fresh process does (its own test turns it on)
+os.environ.setdefault("GRADLAB_PROGRAM_CACHE", "off")
+
 import jax
 import numpy as np
 import pytest

@@ -1,0 +1,177 @@
+"""Traced programs kept on disk: the rounding model's programs exported once (``jax.export``) and
+read back by the next process, which then neither traces nor lowers them again.
+
+JAX's persistent compilation cache (``checks.jax_cache``) saves only the compilation: a process
+still traces and lowers every program before it looks the compiled one up.  The rounding model's
+programs are the costly ones to trace, since they interpret the oracle's program equation by
+equation with a noise term per operation: 4.4 s of the whole model's 8.4 s check at the registry's
+size went to tracing, about 0.5 s of an attention check's first call.  ``jit`` keeps each such
+program as a serialized StableHLO module in a folder beside the compilation cache
+(``jax_cache.programs_folder``), named by a digest of everything the trace depends on:
+
+- what the caller names the program by (the oracle's jaxpr, its constants' bytes, the function);
+- the signature of the call: the pytree of its arguments, every leaf's type and shape, the static
+  arguments' values;
+- the source of the ``checks`` package (the interpreter and its constants), and JAX's version,
+  backend and float64 setting.
+
+A program that cannot be exported (a host callback) runs as a plain ``jax.jit``; an unreadable
+file is exported again.  The folder is bounded (MAX_BYTES, the least recently used files go
+first); with the compilation cache off (``GRADLAB_JAX_CACHE=off``) it is off too, and
+``GRADLAB_PROGRAM_CACHE=off`` turns it off alone.  The first process pays for it: exporting
+lowers each program once more.  Measured on the 2-core machine, ``python -m checks`` (every row,
+float64 and float32): 40.7 s from empty caches against 36.7 s without this module, 9.7 s in a
+later process against 13.2-14.7 s.  The suite starts cold by design and runs with it off
+(``tests/conftest.py``); ``tests/test_program_cache.py`` tests it.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import pathlib
+import tempfile
+
+import jax
+
+MAX_BYTES = 256 * 2 ** 20  # the whole model's programs take a few MB, an attention check's 100s kB
+SUFFIX = ".jaxexp"
+
+
+@functools.cache
+def _code() -> str:
+    """A digest of what a traced program depends on besides its caller's key: this package's
+    source, JAX's version, backend and float64 setting."""
+    h = hashlib.sha256()
+    here = pathlib.Path(__file__).parent
+    for path in sorted(here.glob("*.py")):
+        h.update(path.name.encode())
+        h.update(path.read_bytes())
+    h.update(f"{jax.__version__} {jax.default_backend()} x64={jax.config.jax_enable_x64}".encode())
+    return h.hexdigest()
+
+
+ENV = "GRADLAB_PROGRAM_CACHE"  # "off": trace every program in every process (the suite's default)
+
+
+def _folder() -> pathlib.Path | None:
+    from checks import jax_cache
+    if os.environ.get(ENV, "").strip().lower() == "off":
+        return None
+    path = jax_cache.programs_folder()
+    if path is None:
+        return None
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None
+    return path
+
+
+def fingerprint(*parts) -> str:
+    """A digest of parts: strings, bytes or arrays (their dtype, shape and bytes)."""
+    import numpy as np
+    h = hashlib.sha256()
+    for p in parts:
+        if isinstance(p, str):
+            p = p.encode()
+        elif not isinstance(p, bytes):
+            a = np.asarray(p)
+            h.update(f"{a.dtype}{a.shape}".encode())
+            p = a.tobytes()
+        h.update(len(p).to_bytes(8, "little"))
+        h.update(p)
+    return h.hexdigest()
+
+
+class jit:
+    """``jax.jit(fn, static_argnums=..., compiler_options=...)`` whose traced program is kept on
+    disk under ``key`` (a string naming everything fn's trace depends on besides its arguments'
+    types and this package's code); key None: a plain ``jax.jit``."""
+
+    def __init__(self, fn, key: str | None, *, static_argnums=(), compiler_options=None):
+        self.fn, self.key, self.static = fn, key, tuple(static_argnums)
+        self.options = compiler_options or {}
+        self.plain = jax.jit(fn, static_argnums=self.static, compiler_options=self.options)
+        self.calls = {}  # signature -> the jitted exported program (or self.plain)
+
+    def __call__(self, *args):
+        statics = tuple(args[i] for i in self.static)
+        dynamic = [a for i, a in enumerate(args) if i not in self.static]
+        leaves, tree = jax.tree_util.tree_flatten(dynamic)
+        signature = f"{tree} {[str(jax.typeof(x)) for x in leaves]} {statics!r}"
+        call = self.calls.get(signature)
+        if call is None:
+            call = self.calls[signature] = self._program(signature, dynamic, statics)
+        return self.plain(*args) if call is self.plain else call(*dynamic)
+
+    def _program(self, signature, dynamic, statics):
+        folder = None if self.key is None else _folder()
+        if folder is None:
+            return self.plain
+        path = folder / (fingerprint(_code(), self.key, signature) + SUFFIX)
+        exported = _read(path)
+        if exported is None:
+            bound = self.fn
+            if self.static:  # the static arguments bound by position, the others passed on
+                bound = _bind(self.fn, dict(zip(self.static, statics)))
+            try:
+                exported = jax.export.export(jax.jit(bound))(*dynamic)
+            except Exception:  # noqa: BLE001  (a program export cannot hold: a plain jit)
+                return self.plain
+            _write(path, exported.serialize())
+            _prune(folder)
+        return jax.jit(exported.call, compiler_options=self.options)
+
+
+def _bind(fn, statics: dict):
+    def bound(*dynamic):
+        rest, args = iter(dynamic), []
+        for i in range(len(dynamic) + len(statics)):
+            args.append(statics[i] if i in statics else next(rest))
+        return fn(*args)
+    return bound
+
+
+def _read(path: pathlib.Path):
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    try:
+        exported = jax.export.deserialize(bytearray(data))
+    except Exception:  # noqa: BLE001  (a truncated or foreign file: export it again)
+        return None
+    try:
+        os.utime(path)  # recently used: pruned last
+    except OSError:
+        pass
+    return exported
+
+
+def _write(path: pathlib.Path, data: bytes):
+    """Written whole or not at all: a parallel reader never sees half a file."""
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
+def _prune(folder: pathlib.Path, max_bytes: int = MAX_BYTES):
+    """Delete the least recently used files until the folder holds at most max_bytes."""
+    try:
+        files = [(p.stat().st_mtime, p.stat().st_size, p) for p in folder.glob("*" + SUFFIX)]
+    except OSError:
+        return
+    total = sum(size for _, size, _ in files)
+    for _, size, path in sorted(files):
+        if total <= max_bytes:
+            break
+        try:
+            path.unlink()
+            total -= size
+        except OSError:
+            pass
