@@ -4,16 +4,19 @@ The suite's processes (pytest-xdist's workers) share one JAX compilation cache, 
 each run and removed after it: an oracle or rounding model compiled by one worker is loaded by
 the other.  Every run starts cold, so its time is what a fresh clone sees.
 
-XLA compiles the suite's programs with its older CPU emitters for fused element-wise work
-(``FAST_COMPILE``): the same maths, compiled in about half the time, and most of the fast
-tier's time is compiling the oracles' and rounding models' programs.  ``make test-alt`` runs
-the suite with the newer emitters (XLA's default, what a user's process gets), so both are
-tested (docs/testing.md)."""
+XLA compiles the suite's programs for speed of compilation (``FAST_COMPILE``): its older CPU
+emitters for fused element-wise work, and LLVM's optimisation level 0 without its expensive
+passes (the level the rounding model's own programs use in every process).  The same maths,
+compiled in about half the time, and most of the fast tier's time is compiling the oracles'
+and rounding models' programs.  ``make test-alt`` runs the suite as XLA compiles by default,
+newer emitters and optimised code, what a user's process gets, so both are tested
+(docs/testing.md)."""
 import os
 import shutil
 import tempfile
 
-FAST_COMPILE = "--xla_cpu_use_fusion_emitters=false"
+FAST_COMPILE = ("--xla_cpu_use_fusion_emitters=false --xla_backend_optimization_level=0"
+                " --xla_llvm_disable_expensive_passes=true")
 if "xla_cpu_use_fusion_emitters" not in os.environ.get("XLA_FLAGS", ""):  # before XLA starts
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + FAST_COMPILE).strip()
 
