@@ -20,8 +20,10 @@ failing report, never an exception.
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
+import time
 import traceback
 from typing import Callable, NamedTuple, Sequence
 
@@ -136,6 +138,18 @@ class LayerCheck:
         self.policy = policy.for_compute(compute_format_of(forward, backward))
         self.notes, self.forward_error, self.forward_score = [], math.nan, math.nan
         self.forward_ok, self.judges, self.kink_moved = False, {}, {}
+        self.seconds = {}  # stage -> seconds it took in ``run`` (``_timed``)
+        self.flipped = 0   # predicate elements within rounding of a kink (``_find_kinks``)
+
+    @contextlib.contextmanager
+    def _timed(self, stage):
+        """Adds the seconds of the block to ``self.seconds[stage]`` (experiments.checker_cost
+        prints where a check's time goes)."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - start
 
     # --- stages ----------------------------------------------------------------------------
 
@@ -243,8 +257,9 @@ class LayerCheck:
         self.u_inputs = self.u_forward[0]
         self.fd_u = tolerances.U64  # finite differences run the hand forward in float64
         try:
-            self.spread_out, self.spread_in, self.spread_params = self.ref.spread(
-                self.dout64, self.seed, kink_us=self._kink_us())
+            with self._timed("rounding model: spreads"):
+                self.spread_out, self.spread_in, self.spread_params = self.ref.spread(
+                    self.dout64, self.seed, kink_us=self._kink_us())
             # a large program's spreads come from fewer runs: wider multiples of them
             if self.ref.samples != tolerances.SAMPLES:
                 self.policy = self.policy.for_samples(self.ref.samples)
@@ -255,7 +270,8 @@ class LayerCheck:
             self.spread_out = None
             self.notes.append(Note(Finding.NO_ROUNDING_MODEL, (("why", str(exc).splitlines()[0]),
                                                                ("slack", self._fallback_slack()))))
-        self._find_kinks()
+        with self._timed("rounding model: kinks"):
+            self._find_kinks()
         self.forward_tol = self._tol(self.spread_out, self.ref_out) + self._moved("out")
         out = _f64(self.out)
         score = _score(out, self.ref_out, self.forward_tol)
@@ -479,7 +495,7 @@ class LayerCheck:
             found = None
         if not found or not found[3]:
             return
-        out, d_in, d_params, _ = found
+        out, d_in, d_params, self.flipped = found
         self.kink_moved = {"out": out, **d_in, **d_params}
         counts = []
         for key, moved in self.kink_moved.items():
@@ -609,16 +625,20 @@ class LayerCheck:
         screening, where only the verdict counts)."""
         self.prepare()
         try:
-            self.oracle()
-            self.hand()
-            self.compare_forward()
+            with self._timed("oracle"):
+                self.oracle()
+            with self._timed("hand"):
+                self.hand()
+                self.compare_forward()
             self.rounding()
         except _Failed as failed:
             return Report(self.name, str(self.dtype), self.forward_error, math.nan, False, [],
                           error=failed.message, error_in=failed.part, notes=self.notes)
-        self.legs()
+        with self._timed("legs"):
+            self.legs()
         if diagnose:
-            self.diagnose()
+            with self._timed("diagnosis"):
+                self.diagnose()
         return self.report()
 
     def report(self, results=None) -> Report:

@@ -420,7 +420,7 @@ def run(config: Config) -> common.Result:
     if cost:
         text += ["", "the checker's own cost (fresh processes; 'cached': a second process reading "
                  "the persistent compilation cache the first wrote)", checker_cost.format_cost(cost),
-                 *checker_cost.target_lines(cost)]
+                 "", checker_cost.format_stages(cost), *checker_cost.target_lines(cost)]
     print("\n".join(text))
     out = common.results_dir(NAME)
     meta = {"backend": config.backend, "blas": timing.blas_info(), "matmul_flops": ceiling,

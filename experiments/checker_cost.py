@@ -107,17 +107,21 @@ def _gradcheck_times(x, params) -> dict:
 
 
 def model_check_cost(sizes: dict, dtype: str = MODEL_DTYPE) -> dict:
-    """The whole-model check's seconds, verdict, this process's peak resident memory and the
-    load average (1 min) before and after."""
+    """The whole-model check's seconds, verdict, this process's peak resident memory, the load
+    average (1 min) before and after, and where its time went (``LayerCheck.seconds``: the
+    oracle, the hand, the rounding model's spreads and kinks, the legs, the diagnosis) with the
+    rounding model's size (samples per part, recorded elements, predicate elements flipped)."""
     import checks  # noqa: F401
-    from checks.registry import model_at, run_row
+    from checks.registry import layer_check, model_at
     row = model_at(**{k: v for k, v in sizes.items() if k in WIDTHS})
     sizes = {k: v for k, v in sizes.items() if k not in WIDTHS}
     load = os.getloadavg()[0]
-    seconds, report = _seconds(lambda: run_row(row, np.dtype(dtype), sizes=sizes))
+    check = layer_check(row, np.dtype(dtype), sizes=sizes)
+    seconds, report = _seconds(check.run)
     return {"seconds": seconds, "ok": report.ok, "peak_bytes": _peak_bytes(), "dtype": dtype,
-            "load": [load, os.getloadavg()[0]],
-            "failed": report.failing}
+            "load": [load, os.getloadavg()[0]], "failed": report.failing,
+            "stages": check.seconds, "samples": getattr(check.ref, "samples", None),
+            "elements": getattr(check.ref, "elements", None), "flipped": check.flipped}
 
 
 # --- the parent's side ----------------------------------------------------------------------
@@ -215,6 +219,37 @@ def format_cost(cost: dict) -> str:
     return "\n".join(lines)
 
 
+STAGES = ("oracle", "hand", "rounding model: spreads", "rounding model: kinks", "legs",
+          "diagnosis")
+
+
+def format_stages(cost: dict) -> str:
+    """Where each whole-model check's time went, stage by stage (``LayerCheck.seconds``), with
+    the rounding model's samples per part, recorded elements and flipped predicate elements."""
+    runs = {name: r for name, r in cost["model"].items() if "stages" in r}
+    if not runs:
+        return ""
+    head = f"{'whole-model check: where the time goes':40s}" + "".join(
+        f" {name:>18s}" for name in runs)
+    lines = [head, "-" * len(head)]
+    for stage in (*STAGES, "the rest (setup, tolerances, report)"):
+        cells = []
+        for r in runs.values():
+            got = r["stages"].get(stage) if stage in STAGES else \
+                r["seconds"] - sum(r["stages"].values())
+            cells.append("-" if got is None else
+                         f"{got:6.1f} s {100 * got / r['seconds']:4.0f}%")
+        lines.append(f"{stage:40s}" + "".join(f" {c:>18s}" for c in cells))
+    lines.append(f"{'total':40s}" + "".join(f" {r['seconds']:6.1f} s {100:4.0f}%".rjust(19)
+                                            for r in runs.values()))
+    for label, key, fmt in (("samples per part of the rounding model", "samples", "{}"),
+                            ("elements it records per sample", "elements", "{:,}"),
+                            ("predicate elements within rounding of a kink", "flipped", "{}")):
+        lines.append(f"{label:40s}" + "".join(
+            f" {'-' if r.get(key) is None else fmt.format(r[key]):>18s}" for r in runs.values()))
+    return "\n".join(lines)
+
+
 # targets: the first call with the persistent cache at the registry's size; the whole-model
 # check at the large size
 FIRST_CACHED_MOST = 0.5          # seconds
@@ -240,6 +275,21 @@ def target_lines(cost: dict) -> list:
     return lines
 
 
+README = os.path.join(ROOT, "README.md")
+DOCS_SECTION = "checker-cost"  # the README's generated section (--write-docs)
+
+
+def report_text(cost: dict, argv=()) -> str:
+    """What the command prints: the date and machine, the tables, the targets."""
+    from experiments import timing
+    machine, blas = timing.format_header(timing.environment(0)).splitlines()[:2]
+    head = [f"$ python -m experiments.checker_cost {' '.join(argv)}".rstrip(),
+            f"{time.strftime('%Y-%m-%d')}; {machine}",
+            blas.split("; the bench sets")[0] + " (the checks leave BLAS's threads as they are)"]
+    return "\n".join([*head, "", format_cost(cost), "", format_stages(cost),
+                      *target_lines(cost)])
+
+
 if __name__ == "__main__":
     import argparse
     parser = argparse.ArgumentParser(prog="python -m experiments.checker_cost",
@@ -250,7 +300,13 @@ if __name__ == "__main__":
                         help="the whole-model check only")
     parser.add_argument("--no-model", dest="model", action="store_false",
                         help="the layer check only")
+    parser.add_argument("--write-docs", action="store_true",
+                        help=f"write the output into README.md (section '{DOCS_SECTION}')")
     args = parser.parse_args()
     cost = measure(peers=args.peers, layer_sizes=LAYER_SIZES if args.layer else {},
                    model_sizes=MODEL_SIZES if args.model else {})
-    print("\n".join([format_cost(cost), *target_lines(cost)]))
+    text = report_text(cost, [a for a in sys.argv[1:] if a != "--write-docs"])
+    print(text)
+    if args.write_docs:
+        from checks.docs import write_section
+        write_section(README, DOCS_SECTION, "```\n" + text + "\n```")

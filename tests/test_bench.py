@@ -140,6 +140,64 @@ def test_a_failing_model_row_names_its_failing_tensors():
     assert "FAILED: enc0.ff.W1, out.b" in checker_cost.format_cost(cost)
 
 
+def test_a_checks_stages_account_for_its_time_and_its_kinks_are_counted():
+    """LayerCheck.seconds holds every stage of a run, each timed once, together within the
+    run's own time; a pre-activation placed 1e-7 from leaky ReLU's kink is counted among the
+    predicate elements that flip (the check's verdict is not what this tests)."""
+    import time
+
+    import numpy as np
+    from checks.registry import BY_NAME, layer_check
+    from experiments import checker_cost
+    row = BY_NAME["ff"]
+
+    def at_the_kink(rng, inputs, params):
+        x, W1 = inputs[0].astype(np.float64), params["W1"].astype(np.float64)
+        z = x.reshape(-1, x.shape[-1]) @ W1
+        params = dict(params)
+        params["b1"] = params["b1"].copy()
+        params["b1"][2] = -z[4, 2] + 1e-7  # hidden unit 2 of token 4 within rounding of the kink
+        return inputs, params
+    check = layer_check(row, np.float32, seed=3, transform=at_the_kink)
+    start = time.perf_counter()
+    check.run()
+    total = time.perf_counter() - start
+    assert set(check.seconds) == set(checker_cost.STAGES)
+    assert all(s >= 0 for s in check.seconds.values()) and sum(check.seconds.values()) <= total
+    assert check.flipped >= 1
+    cost = {"layer": {}, "model": {"registry": {"seconds": 10.0, "peak_bytes": 2 ** 29,
+                                                "ok": True, "samples": 64, "elements": 40751,
+                                                "flipped": 3,
+                                                "stages": {s: 1.0 for s in checker_cost.STAGES}}}}
+    text = checker_cost.format_stages(cost)
+    assert "rounding model: kinks" in text and "1.0 s   10%" in text
+    assert "the rest (setup, tolerances, report)" in text and "4.0 s   40%" in text  # 10 - 6
+    assert "40,751" in text and "total" in text
+
+
+def test_the_readmes_checker_cost_is_the_commands_output_and_its_stages_add_up():
+    """The README's checker-cost section is what ``python -m experiments.checker_cost
+    --write-docs`` wrote (a dated measurement, not recomputed here: the machines differ): it
+    names the command and the machine, has a row per stage, and per size the stages add up
+    to the total within the printed rounding (0.05 s per cell, seven cells)."""
+    import pathlib
+    import re
+
+    from checks import docs
+    from experiments import checker_cost
+    text = docs.section(pathlib.Path(checker_cost.README), checker_cost.DOCS_SECTION)
+    assert text.startswith("```\n$ python -m experiments.checker_cost") and "machine:" in text
+    rows = {}
+    for line in text.splitlines():
+        cells = re.findall(r"(\d+\.\d) s +\d+%", line)
+        if cells:
+            rows[line[:40].strip()] = [float(c) for c in cells]
+    assert set(checker_cost.STAGES) <= set(rows) and "total" in rows
+    stages = [v for k, v in rows.items() if k != "total"]
+    for i, total in enumerate(rows["total"]):
+        assert abs(sum(v[i] for v in stages) - total) <= 7 * 0.05 + 1e-9, (i, rows)
+
+
 def test_the_large_model_row_is_the_benchs_step_at_its_own_widths():
     """The large row checks the model at the bench's widths, which --sizes rejects for the
     registry's row (it fixes D 6, H 2, F 8): registry.model_at draws that case."""
