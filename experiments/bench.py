@@ -56,6 +56,7 @@ class Config:
     extras: bool = True         # also time the sqrt(d) study
     half: bool = True           # also time the model in float16 and bfloat16 against float32
     reuse_memory: bool = True   # glibc malloc keeps freed memory for reuse, process-wide (timing.reuse_freed_memory)
+    write_docs: bool = False    # write the header, the training steps' tables and their shares into README.md (section 'bench-steps')
     seed: int = 0               # seed of the inputs and parameters
 
     def __post_init__(self):
@@ -373,6 +374,22 @@ def _allocator(config) -> str:
     return timing.reuse_freed_memory() if config.reuse_memory else "system default (--no-reuse-memory)"
 
 
+README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
+DOCS_SECTION = "bench-steps"
+
+
+def write_steps_section(header: str, steps_text: list, seconds: float) -> None:
+    """The README's speed tables as this run printed them: the command, the date, the header
+    (machine, BLAS kernel and threads, versions), the training steps' ratios and targets and
+    where the lab's step goes."""
+    from checks.docs import write_section
+    argv = [a for a in sys.argv[1:] if a != "--write-docs"]
+    command = "$ python -m experiments " + " ".join(argv or ["bench"])
+    when = f"{time.strftime('%Y-%m-%d')}; the steps and their shares measured in {seconds:.0f} s"
+    body = "\n".join([command, when, header, "", *steps_text])
+    write_section(README, DOCS_SECTION, "```\n" + body + "\n```")
+
+
 def run(config: Config) -> common.Result:
     start = time.perf_counter()
     xp = array_module(config.backend)
@@ -417,6 +434,8 @@ def run(config: Config) -> common.Result:
     if shares_by_size:
         text += ["", "where the lab's step goes (kernels timed inside the real step; medians)",
                  shares.format_shares(shares_by_size)]
+    if config.write_docs:
+        write_steps_section(header, text, time.perf_counter() - start)
     if cost:
         text += ["", "the checker's own cost (fresh processes; 'cached': a second process reading "
                  "the persistent compilation cache the first wrote)", checker_cost.format_cost(cost),

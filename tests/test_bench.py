@@ -198,6 +198,39 @@ def test_the_readmes_checker_cost_is_the_commands_output_and_its_stages_add_up()
         assert abs(sum(v[i] for v in stages) - total) <= 7 * 0.05 + 1e-9, (i, rows)
 
 
+def test_the_readmes_speed_tables_are_the_benchs_output_and_their_ratios_are_their_times():
+    """The README's speed section is what ``python -m experiments bench --write-docs`` wrote (a
+    dated measurement, not rerun here: the machines differ): the command, the header with the
+    BLAS kernel, both step sizes with their targets, and in the every-ratio table each ratio is
+    the quotient of the times beside it (to the printed rounding: ms to 0.001, ratios to 0.01)."""
+    import pathlib
+
+    from checks import docs
+    from experiments import bench
+    text = docs.section(pathlib.Path(bench.README), bench.DOCS_SECTION)
+    assert text.startswith("```\n$ python -m experiments bench") and "--write-docs" not in text
+    assert "BLAS: " in text and "kernel " in text
+    assert "target article:" in text and "target large:" in text
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("step "))
+    names = ("lab", "jax.jit") + bench.PEERS + ("floor",)  # format_steps' columns
+    seen = set()
+    for line in lines[start + 2:]:
+        cells = line.split()
+        if not cells or cells[0] not in bench.STEP_SIZES:
+            break
+        n = len(names)
+        ms = dict(zip(names, cells[1:1 + n]))
+        ratios = dict(zip(names[1:], cells[1 + n:]))
+        for other, ratio in ratios.items():
+            if ratio == "-":
+                continue
+            want = float(ms["lab"]) / float(ms[other])
+            assert abs(float(ratio) - want) <= 0.005 + 1e-3 * want, (cells[0], other, ratio, want)
+        seen.add(cells[0])
+    assert seen == set(bench.STEP_SIZES)
+
+
 def test_the_large_model_row_is_the_benchs_step_at_its_own_widths():
     """The large row checks the model at the bench's widths, which --sizes rejects for the
     registry's row (it fixes D 6, H 2, F 8): registry.model_at draws that case."""
