@@ -334,9 +334,12 @@ class RoundingModel:
             offsets = rng.integers(0, POOL, len(self.record), dtype=np.int32)
             signs = rng.choice(np.array([-1.0, 1.0], np.float32), len(self.record))
             got = self._sample_run(flat, exact, pool, offsets, signs, weights)
-            got = [[np.asarray(a, np.float64) for a in group] for group in got]
-            total = got if total is None else [[a + b for a, b in zip(t, g)]
-                                               for t, g in zip(total, got)]
+            if total is None:  # the host's sums, added to in place (no array per sample)
+                total = [[np.array(a, np.float64) for a in group] for group in got]
+                continue
+            for sums, group in zip(total, got):
+                for a, b in zip(sums, group):
+                    a += np.asarray(b)
         return total
 
     def _spreads(self, flat, exact, amplitudes, samples, part):
