@@ -14,6 +14,7 @@ import re
 import tempfile
 
 DOCS = pathlib.Path(__file__).resolve().parents[1] / "docs"
+README = DOCS.parent / "README.md"
 
 
 def section(path, name) -> str:

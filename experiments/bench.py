@@ -374,20 +374,18 @@ def _allocator(config) -> str:
     return timing.reuse_freed_memory() if config.reuse_memory else "system default (--no-reuse-memory)"
 
 
-README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
-DOCS_SECTION = "bench-steps"
+DOCS_SECTION = "bench-steps"  # the README's generated section (--write-docs)
 
 
 def write_steps_section(header: str, steps_text: list, seconds: float) -> None:
     """The README's speed tables as this run printed them: the command, the date, the header
     (machine, BLAS kernel and threads, versions), the training steps' ratios and targets and
     where the lab's step goes."""
-    from checks.docs import write_section
+    from checks.docs import README, write_run
     argv = [a for a in sys.argv[1:] if a != "--write-docs"]
-    command = "$ python -m experiments " + " ".join(argv or ["bench"])
     when = f"{time.strftime('%Y-%m-%d')}; the steps and their shares measured in {seconds:.0f} s"
-    body = "\n".join([command, when, header, "", *steps_text])
-    write_section(README, DOCS_SECTION, "```\n" + body + "\n```")
+    write_run(README, DOCS_SECTION, "python -m experiments " + " ".join(argv or ["bench"]),
+              "\n".join([when, header, "", *steps_text]))
 
 
 def run(config: Config) -> common.Result:

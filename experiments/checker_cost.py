@@ -275,17 +275,15 @@ def target_lines(cost: dict) -> list:
     return lines
 
 
-README = os.path.join(ROOT, "README.md")
 DOCS_SECTION = "checker-cost"  # the README's generated section (--write-docs)
 
 
-def report_text(cost: dict, argv=()) -> str:
+def report_text(cost: dict) -> str:
     """What the command prints: the date and machine, the tables, the targets."""
     from experiments import timing
-    machine, blas = timing.format_header(timing.environment(0)).splitlines()[:2]
-    head = [f"$ python -m experiments.checker_cost {' '.join(argv)}".rstrip(),
-            f"{time.strftime('%Y-%m-%d')}; {machine}",
-            blas.split("; the bench sets")[0] + " (the checks leave BLAS's threads as they are)"]
+    env = timing.environment(0)
+    head = [f"{time.strftime('%Y-%m-%d')}; {timing.machine_line(env)}",
+            timing.blas_line(env) + " (the checks leave BLAS's threads as they are)"]
     return "\n".join([*head, "", format_cost(cost), "", format_stages(cost),
                       *target_lines(cost)])
 
@@ -305,8 +303,10 @@ if __name__ == "__main__":
     args = parser.parse_args()
     cost = measure(peers=args.peers, layer_sizes=LAYER_SIZES if args.layer else {},
                    model_sizes=MODEL_SIZES if args.model else {})
-    text = report_text(cost, [a for a in sys.argv[1:] if a != "--write-docs"])
+    text = report_text(cost)
     print(text)
     if args.write_docs:
-        from checks.docs import write_section
-        write_section(README, DOCS_SECTION, "```\n" + text + "\n```")
+        from checks.docs import README, write_run
+        command = " ".join(["python -m experiments.checker_cost",
+                            *(a for a in sys.argv[1:] if a != "--write-docs")])
+        write_run(README, DOCS_SECTION, command, text)

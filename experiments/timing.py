@@ -185,19 +185,29 @@ def coretype_warning(env: dict) -> str | None:
             f"with it unset (a second process).")
 
 
+def machine_line(env: dict) -> str:
+    """The machine, its CPUs and load average (``environment``'s answer)."""
+    return (f"machine: {env['cpu']} ({env['machine']}), {env['cpus']} CPUs, load average "
+            f"{' '.join(map(str, env['load_average']))} (1, 5, 15 min)")
+
+
+def blas_line(env: dict) -> str:
+    """The BLAS libraries NumPy loaded, each with its kernel and default threads."""
+    return "BLAS: " + ("; ".join(
+        f"{lib['internal_api']} {lib['version']}, kernel {lib['architecture']}, "
+        f"{lib['num_threads']} threads by default ({lib['threading_layer']})"
+        for lib in env["blas"]) or "none found by threadpoolctl")
+
+
 def format_header(env: dict) -> str:
     """The lines the bench prints first."""
-    blas = "; ".join(f"{lib['internal_api']} {lib['version']}, kernel {lib['architecture']}, "
-                     f"{lib['num_threads']} threads by default ({lib['threading_layer']})"
-                     for lib in env["blas"]) or "none found by threadpoolctl"
     torch = env["torch"]
     torch_line = ("not installed" if torch["version"] is None else
                   f"{torch['version']} (BLAS {torch['blas']}), intra-op threads {torch['threads']} (default "
                   f"{torch['default_threads']}), inter-op threads {torch['interop_threads']}")
     jax = env["jax"]
-    lines = [f"machine: {env['cpu']} ({env['machine']}), {env['cpus']} CPUs, load average "
-             f"{' '.join(map(str, env['load_average']))} (1, 5, 15 min)",
-             f"BLAS: {blas}; the bench sets {env['blas_threads']} thread(s)",
+    lines = [machine_line(env),
+             f"{blas_line(env)}; the bench sets {env['blas_threads']} thread(s)",
              f"malloc: {env.get('malloc', 'system default')}",
              f"numpy {env['numpy']}, python {env['python']}",
              f"jax {jax['version']} on {jax['backend']} ({jax['devices']} devices), threads: {jax['threads']}",

@@ -180,12 +180,11 @@ def test_the_readmes_checker_cost_is_the_commands_output_and_its_stages_add_up()
     --write-docs`` wrote (a dated measurement, not recomputed here: the machines differ): it
     names the command and the machine, has a row per stage, and per size the stages add up
     to the total within the printed rounding (0.05 s per cell, seven cells)."""
-    import pathlib
     import re
 
     from checks import docs
     from experiments import checker_cost
-    text = docs.section(pathlib.Path(checker_cost.README), checker_cost.DOCS_SECTION)
+    text = docs.section(docs.README, checker_cost.DOCS_SECTION)
     assert text.startswith("```\n$ python -m experiments.checker_cost") and "machine:" in text
     rows = {}
     for line in text.splitlines():
@@ -203,11 +202,9 @@ def test_the_readmes_speed_tables_are_the_benchs_output_and_their_ratios_are_the
     dated measurement, not rerun here: the machines differ): the command, the header with the
     BLAS kernel, both step sizes with their targets, and in the every-ratio table each ratio is
     the quotient of the times beside it (to the printed rounding: ms to 0.001, ratios to 0.01)."""
-    import pathlib
-
     from checks import docs
     from experiments import bench
-    text = docs.section(pathlib.Path(bench.README), bench.DOCS_SECTION)
+    text = docs.section(docs.README, bench.DOCS_SECTION)
     assert text.startswith("```\n$ python -m experiments bench") and "--write-docs" not in text
     assert "BLAS: " in text and "kernel " in text
     assert "target article:" in text and "target large:" in text
