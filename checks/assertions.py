@@ -8,7 +8,7 @@ from checks.verdict import Finding
 # findings that follow from an option the caller chose, allowed with it
 CHOSEN = {"none": Finding.NO_FINITE_DIFFERENCES, "complex": Finding.COMPLEX_STEP_ON_ORACLE}
 # findings on how the checker checked a large program, never on the kernel: always allowed
-METHOD = (Finding.FD_JOINT, Finding.FEW_SAMPLES)
+METHOD = (Finding.FD_JOINT, Finding.FEW_SAMPLES, Finding.KINKS_UNNEEDED)
 
 
 def assert_layer(forward, backward, oracle, inputs, params, *, allow=(), **options) -> Report:

@@ -139,17 +139,26 @@ class LayerCheck:
         self.notes, self.forward_error, self.forward_score = [], math.nan, math.nan
         self.forward_ok, self.judges, self.kink_moved = False, {}, {}
         self.seconds = {}  # stage -> seconds it took in ``run`` (``_timed``)
+        self._inner = 0.0  # seconds of the stages run inside the one being timed
         self.flipped = 0   # predicate elements within rounding of a kink (``_find_kinks``)
+        # the kinks' moves only widen tolerances: they are run when an element needs them
+        # (``settle_kinks``); False runs them with the spreads, whatever the result
+        self.defer_kinks = True
+        self.kinks_deferred = False  # the moves are not run yet (``settle_kinks`` runs them)
 
     @contextlib.contextmanager
     def _timed(self, stage):
         """Adds the seconds of the block to ``self.seconds[stage]`` (experiments.checker_cost
-        prints where a check's time goes)."""
-        start = time.perf_counter()
+        prints where a check's time goes).  A stage run inside another (the kinks' moves that
+        a failing leg asks for) counts as its own, not the enclosing one's."""
+        start, inner = time.perf_counter(), self._inner
+        self._inner = 0.0
         try:
             yield
         finally:
-            self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - start
+            took = time.perf_counter() - start
+            self.seconds[stage] = self.seconds.get(stage, 0.0) + took - self._inner
+            self._inner = inner + took
 
     # --- stages ----------------------------------------------------------------------------
 
@@ -270,11 +279,23 @@ class LayerCheck:
             self.spread_out = None
             self.notes.append(Note(Finding.NO_ROUNDING_MODEL, (("why", str(exc).splitlines()[0]),
                                                                ("slack", self._fallback_slack()))))
-        with self._timed("rounding model: kinks"):
-            self._find_kinks()
+        self.kink_moved = {}
+        self.kinks_deferred = self.defer_kinks and self.spread_out is not None
+        if self.kinks_deferred:
+            self.flipped = self.ref.flip_count(self.dout64, self._kink_us(), self.seed) or 0
+            self.seconds.setdefault("rounding model: kinks", 0.0)
+        else:
+            self._run_kinks()
+        self._judge_forward()
+
+    def _judge_forward(self):
+        """The output's tolerance and score (a forward in a lower precision recognised)."""
         self.forward_tol = self._tol(self.spread_out, self.ref_out) + self._moved("out")
         out = _f64(self.out)
         score = _score(out, self.ref_out, self.forward_tol)
+        if score > 1 and self.kinks_deferred:  # the output needs the kinks' moves
+            self.settle_kinks()
+            score = self.forward_score
         low = self._low_precision()
         if score > 1 and low is not None and precision_change(out - self.ref_out, self.ref_out,
                                                              self.forward_tol):
@@ -353,6 +374,7 @@ class LayerCheck:
                           self.dtype, self.fd, self.rng, self.policy, self._caveats)
             judge.bands = self._bands(key, g_auto)
             self.judges[tname] = judge
+        self._settle_kinks_if_needed(hands)
         self._joint_fd(hands)
         for tname, judge in self.judges.items():
             self.results.append(judge.judge(hands[tname]))
@@ -366,6 +388,22 @@ class LayerCheck:
             if not tolerances.is_float(self.host_inputs[i].dtype) and self.dinputs[i] is not None:
                 self.results.append(TensorResult(name_i, (), verdict=Verdict(
                     Kind.EXTRA_GRADIENT, "an integer input; expected None")))
+
+    def _legs_with_kinks(self):
+        """The legs; where every gradient agreed with autodiff without the deferred kinks' moves
+        but the check fails all the same (finite differences, a finding), the legs again with
+        them: the verdict is then the one the kinks' tolerances give, as if run with the
+        spreads.  A check that passes without them says how many predicates it left unmoved."""
+        before = (len(self.notes), self.u_backward, self.u_inputs)
+        self.legs()
+        if self.kinks_deferred and not (self.forward_ok and all(r.ok for r in self.results)):
+            del self.notes[before[0]:]
+            _, self.u_backward, self.u_inputs = before
+            self.judges = {}
+            self.settle_kinks()
+            self.legs()
+        if self.kinks_deferred and self.flipped:
+            self.notes.append(Note(Finding.KINKS_UNNEEDED, (("flipped", self.flipped),)))
 
     def _joint_fd(self, hands):
         """A large program's check of many tensors (the whole model at the bench's size): FD
@@ -478,6 +516,32 @@ class LayerCheck:
         scale = float(np.max(np.abs(judge.g_auto))) if judge.g_auto.size else 0.0
         low = self.u_forward[0] / tolerances.unit_roundoff(self.dtype)
         return max(result.tol, low * float(np.max(tol)) / scale if scale else math.inf)
+
+    def _run_kinks(self):
+        with self._timed("rounding model: kinks"):
+            self._find_kinks()
+        self.kinks_deferred = False
+
+    def settle_kinks(self):
+        """Runs the kinks' moves a check deferred (it passed without them) and widens the
+        output's and every judge's tolerances by them, as a check that needed them has: for
+        callers that judge other gradients with this check's judges (``checks.sensitivity``).
+        The check's own results stand: they passed at the narrower tolerances."""
+        if not self.kinks_deferred:
+            return
+        self._run_kinks()
+        self.notes = [n for n in self.notes if n.finding is not Finding.KINKS_UNNEEDED]
+        self.forward_tol = self.forward_tol + self._moved("out")
+        self.forward_score = _score(_f64(self.out), self.ref_out, self.forward_tol)
+        self.forward_ok = self.forward_score <= 1
+        for judge in self.judges.values():
+            judge.widen(self._moved(judge.key), self._bands(judge.key, judge.g_auto))
+
+    def _settle_kinks_if_needed(self, hands):
+        """Runs the deferred kinks' moves where some gradient disagrees with autodiff without
+        them (element-wise or in the aggregate), before any finite difference is taken."""
+        if self.kinks_deferred and not all(j.passes(hands[n]) for n, j in self.judges.items()):
+            self.settle_kinks()
 
     def _find_kinks(self):
         """Elements within rounding of a kink: where a comparison in the oracle's program
@@ -635,7 +699,7 @@ class LayerCheck:
             return Report(self.name, str(self.dtype), self.forward_error, math.nan, False, [],
                           error=failed.message, error_in=failed.part, notes=self.notes)
         with self._timed("legs"):
-            self.legs()
+            self._legs_with_kinks()
         if diagnose:
             with self._timed("diagnosis"):
                 self.diagnose()
@@ -723,6 +787,11 @@ class Judge:
                                                          rounded=hand.dtype == self.dtype)
             passes = passes and outside is None
         return result, h, ratio, passes, outside
+
+    def widen(self, moved, bands):
+        """The tolerance widened by the kinks' moves of this tensor, and the bands with them
+        (``LayerCheck.settle_kinks``): a comparison kept by ``passes`` is made again."""
+        self.tol, self.bands, self._compared = self.tol + moved, bands, None
 
     def passes(self, hand) -> bool:
         """Does the hand gradient agree with autodiff (element-wise and in the aggregate)?  The

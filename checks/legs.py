@@ -211,14 +211,26 @@ class Oracle:
         comparisons flipped where rounding at the roundoffs us flips them (``RoundingModel.
         kinks``): (output, {index: moved}, {param: moved}, predicates flipped), or None."""
         model, args = self._model(dout)
-        memo, self._flips = self._flips, None
-        flips = memo[3] if memo is not None and memo[1:3] == (seed, tuple(us)) \
-            and np.array_equal(memo[0], dout) else None
+        flips, self._flips = self._spread_flips(dout, us, seed), None
         found = model.kinks(args, us, seed, flips)
         if found is None:
             return None
         (out, (d_in, d_params)), n = found
         return out, dict(zip(self.diff_idx, d_in)), dict(d_params), n
+
+    def flip_count(self, dout, us, seed=0):
+        """How many predicate elements the spreads' own draws found within rounding of their
+        kink at the roundoffs us (what ``kinks`` would move), or None if they were not looked
+        for at those roundoffs."""
+        flips = self._spread_flips(dout, us, seed)
+        return None if flips is None else int(sum(np.sum(f) for f in flips))
+
+    def _spread_flips(self, dout, us, seed):
+        """The flips ``spread`` found for this dout, seed and roundoffs, or None."""
+        memo = self._flips
+        if memo is None or memo[1:3] != (seed, tuple(us)) or not np.array_equal(memo[0], dout):
+            return None
+        return memo[3]
 
     def loss(self, key, replacement, dout):
         """<oracle(...), dout> with one tensor replaced (complex values allowed)."""

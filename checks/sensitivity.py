@@ -186,6 +186,7 @@ def measure(check, sizes_label="registry", patterns=PATTERNS) -> list:
                        baseline_ok=report.ok) for p in patterns]
     if not report.ok:
         return out
+    check.settle_kinks()  # an injected error is judged as the check judges it: with the kinks
     for judge in check.judges.values():
         g = np.asarray(_hand(check, judge.key), dtype=np.float64)
         if not np.any(g):

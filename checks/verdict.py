@@ -62,6 +62,9 @@ class Finding(enum.Enum):
                               "gradient): judged at {low}'s roundoff")
     KINKS = ("elements within rounding of a kink ({where}): a comparison in the oracle (leaky "
              "ReLU's x > 0, a max) flips under rounding there, so either branch is judged right")
+    KINKS_UNNEEDED = ("{flipped} predicate elements within rounding of a kink: every element "
+                      "agreed within the tolerances without either branch's allowance, so the "
+                      "moves of their branches were not run")
     NO_ROUNDING_MODEL = ("the oracle could not be traced for the rounding model ({why}): every "
                          "element may err by {slack:.3g} x u x the tensor's largest element, "
                          "errors below that go unseen; "

@@ -27,8 +27,52 @@ def test_a_pre_activation_within_rounding_of_the_kink_is_a_finding_not_a_fail(dt
     report = check_layer(kernels.ff_forward, kernels.ff_backward, reference.ff, [x], p,
                          input_names=["x"])
     assert report.ok, str(report)
+    # the kernel's own rounding took the oracle's branch: every element agrees without either
+    # branch's allowance, so the check says how many predicates sit there and runs no move
+    unneeded = [n for n in report.notes if n.finding is Finding.KINKS_UNNEEDED]
+    assert unneeded and dict(unneeded[0].values)["flipped"] >= 1, str(report)
+
+
+def _taking_the_other_branch(forward):
+    """The ff forward whose cached gain takes the other branch of leaky ReLU at hidden unit 3
+    of token 5 (``_ff_at_kink``'s element): the branch a kernel's rounding may take there."""
+    def other(x, params, **static):
+        y, cache = forward(x, params, **static)
+        gain = cache.act.gain.copy()
+        gain[0, 5, 3] = 0.1 if gain[0, 5, 3] == 1 else 1
+        return y, cache._replace(act=cache.act._replace(gain=gain))
+    return other
+
+
+@pytest.mark.parametrize("defer", [True, False])
+def test_the_other_branch_at_the_kink_is_judged_right_with_the_kinks_moves(defer):
+    """A kernel that takes the other branch at the element within rounding of the kink fails
+    without the kinks' allowance (deferred: the moves are then run) and passes with it; the
+    finding names the tensors it moved.  The same verdict whether the moves are deferred to
+    a failure or run with the spreads."""
+    from checks.engine import LayerCheck
+    x, p = _ff_at_kink(np.float32, 1e-7)
+    check = LayerCheck(_taking_the_other_branch(kernels.ff_forward), kernels.ff_backward,
+                       reference.ff, [x], p, input_names=["x"])
+    check.defer_kinks = defer
+    report = check.run()
+    assert report.ok, str(report)
+    assert check.flipped >= 1 and not check.kinks_deferred
     kinks = [n for n in report.notes if n.finding is Finding.KINKS]
     assert kinks and "of W1" in str(kinks[0]), str(report)
+    assert not any(n.finding is Finding.KINKS_UNNEEDED for n in report.notes)
+
+
+def test_without_the_kinks_moves_the_other_branch_fails():
+    """What the moves excuse: the same kernel judged with them left out (a deferred check
+    whose moves are stubbed to nothing) fails on W1, so the test above is not vacuous."""
+    from checks.engine import LayerCheck
+    x, p = _ff_at_kink(np.float32, 1e-7)
+    check = LayerCheck(_taking_the_other_branch(kernels.ff_forward), kernels.ff_backward,
+                       reference.ff, [x], p, input_names=["x"])
+    check._find_kinks = lambda: None  # no move run: every element judged without its allowance
+    report = check.run(diagnose=False)
+    assert "W1" in report.failing, str(report)
 
 
 def test_a_bug_beside_a_kink_still_fails():
