@@ -12,8 +12,11 @@ compilation and a peak is that process's own maximum resident memory (``ru_maxrs
 * whole model (registry row ``model``, MODEL_DTYPE) at MODEL_SIZES: the registry's size and
   the bench's large training step (B 32, T 64, D 256, H 8, F 1024: ``checks.registry.model_at``,
   the row's own widths being D 6, H 2, F 8): time, peak memory, verdict and the machine's load
-  average (1 min) before and after.  A child whose resident memory passes MEMORY_CAP or whose
+  average (1 min) before and after.  The large check runs again with its kinks' moves run
+  whether needed or not (KINKS_RUN; a passing check defers them: ``checks.engine``), so the
+  table shows what deferring saves.  A child whose resident memory passes MEMORY_CAP or whose
   time passes TIME_CAP is stopped (the machine is shared) and reported so.
+* the machine's XLA float64 product rate: the rounding model's runs are float64 XLA programs.
 
 ``python -m experiments.checker_cost [--no-peers] [--no-layer]`` prints the tables alone.
 """
@@ -35,6 +38,7 @@ LAYER_SIZES = {"registry": {}, "larger": {"B": 4, "T": 32, "S": 32, "D": 64, "H"
 # F on the command line, so the large size runs the row at the bench's (registry.model_at)
 MODEL_SIZES = {"registry": {}, "large": {"B": 32, "T": 64, "D": 256, "H": 8, "F": 1024}}
 WIDTHS = ("D", "H", "F")
+KINKS_RUN = "large, kinks run"  # the large check again with its kinks' moves run, needed or not
 MODEL_DTYPE = "float32"
 MEMORY_CAP = 16 * 2 ** 30  # bytes of resident memory a child may reach before it is stopped
 TIME_CAP = 600.0           # seconds a child may run before it is stopped (the target is 30 s:
@@ -106,17 +110,19 @@ def _gradcheck_times(x, params) -> dict:
     return out
 
 
-def model_check_cost(sizes: dict, dtype: str = MODEL_DTYPE) -> dict:
+def model_check_cost(sizes: dict, dtype: str = MODEL_DTYPE, defer_kinks: bool = True) -> dict:
     """The whole-model check's seconds, verdict, this process's peak resident memory, the load
     average (1 min) before and after, and where its time went (``LayerCheck.seconds``: the
     oracle, the hand, the rounding model's spreads and kinks, the legs, the diagnosis) with the
-    rounding model's size (samples per part, recorded elements, predicate elements flipped)."""
+    rounding model's size (samples per part, recorded elements, predicate elements flipped).
+    defer_kinks=False runs the kinks' moves with the spreads, needed or not (what they cost)."""
     import checks  # noqa: F401
     from checks.registry import layer_check, model_at
     row = model_at(**{k: v for k, v in sizes.items() if k in WIDTHS})
     sizes = {k: v for k, v in sizes.items() if k not in WIDTHS}
     load = os.getloadavg()[0]
     check = layer_check(row, np.dtype(dtype), sizes=sizes)
+    check.defer_kinks = defer_kinks
     seconds, report = _seconds(check.run)
     return {"seconds": seconds, "ok": report.ok, "peak_bytes": _peak_bytes(), "dtype": dtype,
             "load": [load, os.getloadavg()[0]], "failed": report.failing,
@@ -162,7 +168,8 @@ def in_child(function: str, env=None, **kwargs) -> dict:
         return json.loads(out.read().strip().splitlines()[-1])
 
 
-def measure(peers: bool = True, layer_sizes=LAYER_SIZES, model_sizes=MODEL_SIZES) -> dict:
+def measure(peers: bool = True, layer_sizes=LAYER_SIZES, model_sizes=MODEL_SIZES,
+            kinks_run: bool = True) -> dict:
     """Every figure of the module docstring: {"layer": {size: {...}}, "model": {size: {...}}}."""
     layer = {}
     for name, sizes in layer_sizes.items():
@@ -173,7 +180,11 @@ def measure(peers: bool = True, layer_sizes=LAYER_SIZES, model_sizes=MODEL_SIZES
             again = in_child("layer_check_times", env, sizes=sizes, peers=False)
             layer[name]["check_layer_first_cached"] = again.get("check_layer_first", float("nan"))
     model = {name: in_child("model_check_cost", sizes=sizes) for name, sizes in model_sizes.items()}
-    return {"layer": layer, "model": model}
+    if kinks_run and "large" in model_sizes:  # what the deferred kinks' moves would have cost
+        model[KINKS_RUN] = in_child("model_check_cost", sizes=model_sizes["large"],
+                                    defer_kinks=False)
+    from experiments.timing import xla_matmul_rate
+    return {"layer": layer, "model": model, "xla_float64_flops": xla_matmul_rate(np.float64)}
 
 
 def _size_text(name, sizes, base) -> str:
@@ -210,7 +221,7 @@ def format_cost(cost: dict) -> str:
                   f" {'load average':>14s}"]
     widths = {k: v for k, v in BY_NAME["model"].fixed.items() if k in ("D", "H", "F")}
     for name, r in cost["model"].items():
-        label = _size_text(name, MODEL_SIZES.get(name, {}),
+        label = _size_text(name, MODEL_SIZES.get(name.split(",")[0], {}),
                            {**{k: DEFAULT_SIZES[k] for k in ("B", "T")}, **widths})
         load = "-" if "load" not in r else "%.1f, %.1f" % tuple(r["load"])
         lines.append(f"{label:44s} " + (r["error"] if "error" in r else
@@ -284,6 +295,9 @@ def report_text(cost: dict) -> str:
     env = timing.environment(0)
     head = [f"{time.strftime('%Y-%m-%d')}; {timing.machine_line(env)}",
             timing.blas_line(env) + " (the checks leave BLAS's threads as they are)"]
+    if cost.get("xla_float64_flops"):  # what the rounding model's runs are made of
+        head.append(f"XLA float64 1024^3 product (jax.jit, its own threads): "
+                    f"{cost['xla_float64_flops'] / 1e9:.1f} GFLOP/s, the rounding model's engine")
     return "\n".join([*head, "", format_cost(cost), "", format_stages(cost),
                       *target_lines(cost)])
 
@@ -298,11 +312,13 @@ if __name__ == "__main__":
                         help="the whole-model check only")
     parser.add_argument("--no-model", dest="model", action="store_false",
                         help="the layer check only")
+    parser.add_argument("--no-kinks-run", dest="kinks_run", action="store_false",
+                        help="without the large check's second run, its kinks' moves run")
     parser.add_argument("--write-docs", action="store_true",
                         help=f"write the output into README.md (section '{DOCS_SECTION}')")
     args = parser.parse_args()
     cost = measure(peers=args.peers, layer_sizes=LAYER_SIZES if args.layer else {},
-                   model_sizes=MODEL_SIZES if args.model else {})
+                   model_sizes=MODEL_SIZES if args.model else {}, kinks_run=args.kinks_run)
     text = report_text(cost)
     print(text)
     if args.write_docs:

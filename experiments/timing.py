@@ -226,6 +226,20 @@ def matmul(xp, dtype, n: int = 1024):
     return (lambda: a @ b), 2 * n ** 3
 
 
+def xla_matmul_rate(dtype, n: int = 1024, repeats: int = 10) -> float:
+    """The n x n by n x n product's rate in FLOP/s under jax.jit on the host, at XLA's own
+    threads: the engine of the rounding model's float64 runs (the checker's cost follows it)."""
+    import checks  # noqa: F401  (switches JAX's float64 on, as the checks run)
+    import jax
+    import jax.numpy as jnp
+    rng = np.random.default_rng(0)
+    a, b = (jnp.asarray(rng.standard_normal((n, n)), dtype) for _ in range(2))
+    product = jax.jit(jnp.matmul)
+    seconds = compare({"mm": lambda: product(a, b).block_until_ready()},
+                      repeats=repeats, warmup=2)["mm"]
+    return 2 * n ** 3 / seconds
+
+
 def matmul_rate(xp, dtype, n: int = 1024, repeats: int = 10) -> float:
     """The machine's own matrix-multiply rate in FLOP/s (n x n by n x n): the practical ceiling."""
     product, flops = matmul(xp, dtype, n)

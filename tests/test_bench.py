@@ -131,6 +131,10 @@ def test_the_model_rows_name_their_dtype_widths_and_load_average():
     text = checker_cost.format_cost(cost)
     assert "whole-model check, float32" in text
     assert "large (B 32 T 64 D 256 H 8 F 1024)" in text and "1.5, 2.0" in text
+    # the large check again with its kinks' moves run: labelled with the same sizes
+    cost["model"][checker_cost.KINKS_RUN] = dict(cost["model"]["large"], seconds=31.0)
+    text = checker_cost.format_cost(cost)
+    assert "large, kinks run (B 32 T 64 D 256 H 8 F 1024)" in text and "31.0 s" in text
 
 
 def test_a_failing_model_row_names_its_failing_tensors():
@@ -186,6 +190,7 @@ def test_the_readmes_checker_cost_is_the_commands_output_and_its_stages_add_up()
     from experiments import checker_cost
     text = docs.section(docs.README, checker_cost.DOCS_SECTION)
     assert text.startswith("```\n$ python -m experiments.checker_cost") and "machine:" in text
+    assert "XLA float64 1024^3 product" in text  # the engine of the rounding model's runs
     rows = {}
     for line in text.splitlines():
         cells = re.findall(r"(\d+\.\d) s +\d+%", line)
