@@ -194,3 +194,27 @@ def test_beyond_the_one_by_one_work_the_bound_covers_the_flips_subsets_a_kernel_
     # the halves' spread is needed: |M| alone is exceeded where the flips' moves cancel (by
     # about 3e4 times at one element here)
     assert beyond_every > 10
+
+
+def test_a_check_failing_beside_agreeing_gradients_is_judged_with_the_kinks_moves():
+    """A backward whose gradients all agree with autodiff without the kinks' moves but which
+    returns a gradient for no parameter fails all the same: its legs are judged again with the
+    moves run, so its report (verdicts, scores, findings) is the one of a check that ran them
+    with the spreads, and no finding is counted twice."""
+    from checks.engine import LayerCheck
+    x, p = _ff_at_kink(np.float32, 1e-7)
+
+    def extra(dout, cache):
+        d_in, d_params = kernels.ff_backward(dout, cache)
+        return d_in, {**d_params, "W3": np.zeros_like(d_params["W1"])}
+    reports = []
+    for defer in (True, False):
+        check = LayerCheck(kernels.ff_forward, extra, reference.ff, [x], p, input_names=["x"])
+        check.defer_kinks = defer
+        reports.append(check.run())
+        assert not check.kinks_deferred and check.flipped >= 1
+    deferred, run = reports
+    assert deferred.failing == run.failing == ["W3"], str(deferred)
+    assert [(t.name, t.verdict, t.score) for t in deferred.tensors] == \
+        [(t.name, t.verdict, t.score) for t in run.tensors]
+    assert [str(n) for n in deferred.notes] == [str(n) for n in run.notes]
