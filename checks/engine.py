@@ -393,12 +393,13 @@ class LayerCheck:
         """The legs; where every gradient agreed with autodiff without the deferred kinks' moves
         but the check fails all the same (finite differences, a finding), the legs again with
         them: the verdict is then the one the kinks' tolerances give, as if run with the
-        spreads.  A check that passes without them says how many predicates it left unmoved."""
-        before = (len(self.notes), self.u_backward, self.u_inputs)
+        spreads (the same finite-difference directions: the stream is rewound).  A check that
+        passes without them says how many predicates it left unmoved."""
+        before = (len(self.notes), self.u_backward, self.u_inputs, self.rng.bit_generator.state)
         self.legs()
         if self.kinks_deferred and not (self.forward_ok and all(r.ok for r in self.results)):
             del self.notes[before[0]:]
-            _, self.u_backward, self.u_inputs = before
+            _, self.u_backward, self.u_inputs, self.rng.bit_generator.state = before
             self.judges = {}
             self.settle_kinks()
             self.legs()

@@ -6,11 +6,11 @@ the other.  Every run starts cold, so its time is what a fresh clone sees.
 
 XLA compiles the suite's programs for speed of compilation (``FAST_COMPILE``): its older CPU
 emitters for fused element-wise work, and LLVM's optimisation level 0 without its expensive
-passes (the options ``checks.rounding.FAST_COMPILE`` gives the rounding model's sample runs in
-every process; keep the two in step).  The same maths, compiled in about half the time, and
-most of the fast tier's time is compiling the oracles' and rounding models' programs.  ``make test-alt`` runs the suite as XLA compiles by default,
-newer emitters and optimised code, what a user's process gets, so both are tested
-(docs/testing.md)."""
+passes (the options ``checks.rounding.FAST_COMPILE`` gives a small program's rounding-model
+runs in every process; keep the two in step).  The same maths, compiled in about half the time,
+and most of the fast tier's time is compiling the oracles' and rounding models' programs.
+``make test-alt`` runs the suite as XLA compiles by default, newer emitters and optimised code,
+what a user's process gets for every other program, so both are tested (docs/testing.md)."""
 import os
 import shutil
 import tempfile

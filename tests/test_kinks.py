@@ -217,4 +217,6 @@ def test_a_check_failing_beside_agreeing_gradients_is_judged_with_the_kinks_move
     assert deferred.failing == run.failing == ["W3"], str(deferred)
     assert [(t.name, t.verdict, t.score) for t in deferred.tensors] == \
         [(t.name, t.verdict, t.score) for t in run.tensors]
+    # the legs again along the same finite-difference directions: the same measurements
+    assert [t.hand_vs_fd for t in deferred.tensors] == [t.hand_vs_fd for t in run.tensors]
     assert [str(n) for n in deferred.notes] == [str(n) for n in run.notes]
