@@ -60,7 +60,9 @@ A small program's samples run under ``jax.vmap`` in one program, compiled once p
 shape and called once per part and chunk of samples: the chunk is sized from the memory the
 machine has (``memory_budget``: a quarter of what is available, or $GRADLAB_MEMORY_BUDGET); its
 draws are made on the host, once per chunk for every part, and every amplitude comes from one
-exact run.  A large program (beyond LARGE_ELEMENTS recorded elements: the whole model at the
+exact run; the program returns the runs' deviations side by side and the host sums their
+squares and projections (a reduction per output in the program is a kernel per output for XLA
+to compile).  A large program (beyond LARGE_ELEMENTS recorded elements: the whole model at the
 bench's size) runs one sample per call of one compiled program, in which every part's noise
 scale is an argument: where the check's roundoffs are known (they are, before any finding), all
 parts are perturbed at once at those roundoffs, errors of independent parts adding in variance,
@@ -215,7 +217,8 @@ class RoundingModel:
     samples, then runs that part's perturbed runs under ``jax.vmap``, which add amplitude x
     noise and nothing else (to first order in u the amplitude of the exact run is the amplitude
     of the perturbed one, so the perturbed runs never recompute A; a result's own
-    |value| they take as they go), and the spreads.  The spreads and the kink runs take the
+    |value| they take as they go), and hands their deviations to the host, which sums the
+    spreads.  The spreads and the kink runs take the
     same draws (``_sampler``).  The programs are compiled without XLA's costly passes: a
     model, not a result."""
 
