@@ -25,6 +25,7 @@ def test_a_program_is_traced_once_then_read_from_disk(monkeypatch, tmp_path):
     want = np.sin(x) * 3 + y @ y.T
     first = program_cache.jit(f, "test:f", static_argnums=(1,))(x, 3, y)
     assert len(traces) == 1 and len(list((tmp_path / "programs").glob("*.jaxexp"))) == 1
+    assert len(list((tmp_path / "programs").glob("*.jaxexe"))) == 1  # and its executable
     again = program_cache.jit(f, "test:f", static_argnums=(1,))(x, 3, y)  # a new process's view
     assert len(traces) == 1, "the exported program should be read, not traced again"
     np.testing.assert_array_equal(np.asarray(again), np.asarray(first))
@@ -52,3 +53,70 @@ def test_a_check_reads_its_rounding_programs_and_reaches_the_same_tolerances(mon
     for name, tol in plain.items():
         np.testing.assert_allclose([exported[name], read[name]], [tol, tol], rtol=1e-12,
                                    err_msg=name)
+
+
+def _programs(tmp_path, suffix):
+    return sorted((tmp_path / "programs").glob("*" + suffix))
+
+
+def test_a_later_process_loads_the_executable_and_neither_traces_nor_compiles(monkeypatch,
+                                                                             tmp_path):
+    """The compiled program is kept beside the traced one: a new jit (a later process's view)
+    loads it, with no trace, no lowering and no compilation, and computes the same values."""
+    import jax
+    _on(monkeypatch, tmp_path)
+    traces = []
+
+    def f(x, y):
+        traces.append(1)
+        return {"a": jnp.tanh(x) @ y, "b": [jnp.sum(x * x)]}
+
+    rng = np.random.default_rng(1)
+    x, y = rng.standard_normal((3, 4)), rng.standard_normal((4, 2))
+    events = []
+    listen = lambda event, seconds, **kw: events.append(event)
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        first = program_cache.jit(f, "test:exe")(x, y)
+        made = list(events)
+        del events[:]
+        again = program_cache.jit(f, "test:exe")(x, y)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+    steps = ("jaxpr_trace_duration", "jaxpr_to_mlir_module_duration", "backend_compile_duration")
+    assert all(any(e.endswith(s) for e in made) for s in steps), made  # the events are heard
+    assert traces == [1] and not [e for e in events if e.endswith(steps)], events
+    np.testing.assert_array_equal(np.asarray(again["a"]), np.asarray(first["a"]))
+    np.testing.assert_array_equal(np.asarray(again["b"][0]), np.asarray(first["b"][0]))
+    np.testing.assert_allclose(np.asarray(first["a"]), np.tanh(x) @ y, rtol=1e-12)
+
+
+def test_an_unreadable_executable_is_compiled_again(monkeypatch, tmp_path):
+    _on(monkeypatch, tmp_path)
+    f = lambda x: jnp.cos(x) * 2
+    x = np.linspace(0.0, 1.0, 7)
+    program_cache.jit(f, "test:broken")(x)
+    [path] = _programs(tmp_path, ".jaxexe")
+    path.write_bytes(b"not an executable")
+    np.testing.assert_allclose(np.asarray(program_cache.jit(f, "test:broken")(x)),
+                               np.cos(x) * 2, rtol=1e-15)
+    assert path.read_bytes() != b"not an executable"  # written again, whole
+
+
+def test_a_program_calling_a_library_keeps_no_executable(monkeypatch, tmp_path):
+    """A program with a custom call (LAPACK's solver on the CPU) needs its library set up by
+    the process, which loading an executable skips: only its traced program is kept."""
+    _on(monkeypatch, tmp_path)
+    a = np.array([[3.0, 1.0], [1.0, 2.0]])
+    b = np.array([9.0, 8.0])
+    got = program_cache.jit(lambda a, b: jnp.linalg.solve(a, b), "test:solve")(a, b)
+    np.testing.assert_allclose(np.asarray(got), np.linalg.solve(a, b), rtol=1e-12)
+    assert _programs(tmp_path, ".jaxexp") and not _programs(tmp_path, ".jaxexe")
+
+
+def test_an_executable_is_named_by_the_machine_and_the_compiler_options():
+    """An executable runs only where it was compiled for: its name carries the processor, XLA's
+    flags and the compiler options, so another machine or setting compiles its own."""
+    plain = program_cache._machine({})
+    assert plain == program_cache._machine({})
+    assert plain != program_cache._machine({"xla_backend_optimization_level": 0})
