@@ -19,10 +19,12 @@ Beside each traced program its compiled executable is kept (``jax.experimental.
 serialize_executable``), named also by what it was compiled for: the processor (model and
 instruction sets), ``XLA_FLAGS`` and the compiler options.  A later process loads it and neither
 traces, lowers nor looks up JAX's compilation cache: a self-attention check's first call at the
-registry's size in a process that had run it before took 0.53-0.68 s instead of 0.78-0.95 s
-(six processes each way, the 2-core machine without AVX-512).  A program that calls a library
-through a custom call (LAPACK on the CPU) keeps no executable: the process must set the library
-up first, which lowering its traced program does.
+registry's size in a process that had run it before took 0.52-0.69 s instead of 0.63-0.95 s
+(alternating processes, the 2-core machine without AVX-512).  Two kinds of program keep no
+executable: one that calls a library through a custom call (LAPACK on the CPU: the process must
+set the library up first, which lowering its traced program does), and one whose compilation
+JAX read from its own cache (such an executable serializes without its compiled functions, and
+a process loading it fails).
 
 A program that cannot be exported (a host callback) runs as a plain ``jax.jit``; an unreadable
 file is exported (or compiled) again.  The folder is bounded (MAX_BYTES, the least recently used files go
@@ -137,11 +139,13 @@ class jit:
                 return self.plain
             _write(path, exported.serialize())
         program = jax.jit(exported.call, compiler_options=self.options)
+        hits = _CACHE_HITS[0]
         try:
             compiled = program.lower(*dynamic).compile()
         except Exception:  # noqa: BLE001  (the call itself says what is wrong)
             return program
-        _write_executable(executable, compiled)
+        if _CACHE_HITS[0] == hits:  # compiled here, not read from JAX's cache
+            _write_executable(executable, compiled)
         _prune(folder)
         return compiled
 
@@ -161,9 +165,25 @@ def _cpu() -> str:
 
 def _machine(options) -> str:
     """The part of an executable's name a compiled program depends on besides its traced
-    program: the processor, XLA's flags and the compiler options (".", then a digest)."""
+    program: the processor, XLA's flags, the compiler options and jaxlib (".", then a digest)."""
+    import jaxlib
     flags = os.environ.get("XLA_FLAGS", "")
-    return "." + fingerprint(_cpu(), flags, repr(sorted(options.items())))[:16]
+    return "." + fingerprint(_cpu(), flags, repr(sorted(options.items())),
+                             getattr(jaxlib, "__version__", ""))[:16]
+
+
+_CACHE_HITS = [0]  # programs read from JAX's compilation cache in this process, so far
+
+
+def _count_hit(event: str, **_):
+    if event == "/jax/compilation_cache/cache_hits":
+        _CACHE_HITS[0] += 1
+
+
+# An executable JAX read from its compilation cache serializes without its compiled functions
+# (a later process loading it fails: "Function ... not found"), so only one compiled in this
+# process is kept (``jit._program``).
+jax.monitoring.register_event_listener(_count_hit)
 
 
 def _load_executable(data: bytes):
