@@ -24,7 +24,8 @@ registry's size in a process that had run it before took 0.52-0.69 s instead of 
 executable: one that calls a library through a custom call (LAPACK on the CPU: the process must
 set the library up first, which lowering its traced program does), and one whose compilation
 JAX read from its own cache (such an executable serializes without its compiled functions, and
-a process loading it fails).
+a process loading it fails).  An executable that loads but cannot run is deleted, and its
+program compiled again from the traced form.
 
 A program that cannot be exported (a host callback) runs as a plain ``jax.jit``; an unreadable
 file is exported (or compiled) again.  The folder is bounded (MAX_BYTES, the least recently used files go
@@ -107,6 +108,7 @@ class jit:
         self.options = compiler_options or {}
         self.plain = jax.jit(fn, static_argnums=self.static, compiler_options=self.options)
         self.calls = {}  # signature -> the jitted exported program (or self.plain)
+        self.loaded = {}  # signature -> the executable's file, for a call read from disk
 
     def __call__(self, *args):
         statics = tuple(args[i] for i in self.static)
@@ -116,7 +118,18 @@ class jit:
         call = self.calls.get(signature)
         if call is None:
             call = self.calls[signature] = self._program(signature, dynamic, statics)
-        return self.plain(*args) if call is self.plain else call(*dynamic)
+        if call is self.plain:
+            return self.plain(*args)
+        try:
+            return call(*dynamic)
+        except Exception:
+            loaded = self.loaded.pop(signature, None)
+            if loaded is None:
+                raise
+            # an executable read from disk that cannot run here: compiled again, in its place
+            loaded.unlink(missing_ok=True)
+            call = self.calls[signature] = self._program(signature, dynamic, statics)
+            return self.plain(*args) if call is self.plain else call(*dynamic)
 
     def _program(self, signature, dynamic, statics):
         folder = None if self.key is None else _folder()
@@ -126,6 +139,7 @@ class jit:
         executable = folder / (name + _machine(self.options) + EXECUTABLE)
         compiled = _read(executable, _load_executable)
         if compiled is not None:
+            self.loaded[signature] = executable
             return compiled
         path = folder / (name + SUFFIX)
         exported = _read(path)

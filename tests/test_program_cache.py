@@ -122,27 +122,54 @@ def test_an_executable_is_named_by_the_machine_and_the_compiler_options():
     assert plain != program_cache._machine({"xla_backend_optimization_level": 0})
 
 
+class _NeverCounted(list):
+    """A count of JAX's cache reads that never moves: the rule against keeping them defeated."""
+    def __getitem__(self, i):
+        return 0
+
+
+def _compiled_twice(monkeypatch, tmp_path, f, x, key):
+    """f compiled into one programs folder, then traced again into tmp_path/programs, where its
+    compilation is JAX's read of the first (JAX keeping every program, however quick)."""
+    import jax
+    _on(monkeypatch, tmp_path)
+    monkeypatch.setattr(jax_cache, "programs_folder", lambda: tmp_path / "first")
+    before = jax.config.jax_persistent_cache_min_compile_time_secs
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    try:
+        program_cache.jit(f, key)(x)
+        monkeypatch.setattr(jax_cache, "programs_folder", lambda: tmp_path / "programs")
+        hits = program_cache._CACHE_HITS[0]
+        got = program_cache.jit(f, key)(x)
+    finally:
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", before)
+    return got, hits
+
+
 def test_an_executable_read_from_jaxs_cache_is_not_kept(monkeypatch, tmp_path):
     """JAX's compilation cache hands back an executable that serializes without its compiled
     functions (a process loading it fails): a program whose compilation was such a read keeps
     its traced program only, and the next process reads that and computes the right values."""
-    import jax
-    _on(monkeypatch, tmp_path)
-    monkeypatch.setattr(jax_cache, "programs_folder", lambda: tmp_path / "first")
     f = lambda x: jnp.exp(jnp.sin(x)) @ x.T
     x = np.random.default_rng(2).standard_normal((4, 4))
     want = np.exp(np.sin(x)) @ x.T
-    before = jax.config.jax_persistent_cache_min_compile_time_secs
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)  # JAX keeps it too
-    try:
-        program_cache.jit(f, "test:hit")(x)
-        monkeypatch.setattr(jax_cache, "programs_folder", lambda: tmp_path / "programs")
-        hits = program_cache._CACHE_HITS[0]
-        got = program_cache.jit(f, "test:hit")(x)  # exported again: compiled = read from JAX's
-    finally:
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", before)
+    got, hits = _compiled_twice(monkeypatch, tmp_path, f, x, "test:hit")
     assert program_cache._CACHE_HITS[0] > hits, "the second compilation should be JAX's read"
     assert _programs(tmp_path, ".jaxexp") and not _programs(tmp_path, ".jaxexe")
     again = program_cache.jit(f, "test:hit")(x)
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-12)
     np.testing.assert_allclose(np.asarray(again), want, rtol=1e-12)
+
+
+def test_an_executable_that_cannot_run_is_compiled_again(monkeypatch, tmp_path):
+    """An executable that loads but fails to run (kept from JAX's cache, as it was before the
+    rule above) is deleted, and the program compiled again from its traced form."""
+    monkeypatch.setattr(program_cache, "_CACHE_HITS", _NeverCounted([0]))
+    f = lambda x: jnp.cosh(x) * x[::-1]
+    x = np.linspace(-1.0, 1.0, 9)
+    _compiled_twice(monkeypatch, tmp_path, f, x, "test:broken-run")
+    [kept] = _programs(tmp_path, ".jaxexe")
+    broken = kept.read_bytes()
+    np.testing.assert_allclose(np.asarray(program_cache.jit(f, "test:broken-run")(x)),
+                               np.cosh(x) * x[::-1], rtol=1e-15)
+    assert not kept.exists() or kept.read_bytes() != broken
