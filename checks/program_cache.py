@@ -28,12 +28,14 @@ a process loading it fails).  An executable that loads but cannot run is deleted
 program compiled again from the traced form.
 
 A program that cannot be exported (a host callback) runs as a plain ``jax.jit``; an unreadable
-file is exported (or compiled) again.  The folder is bounded (MAX_BYTES, the least recently used files go
-first); with the compilation cache off (``GRADLAB_JAX_CACHE=off``) it is off too, and
-``GRADLAB_PROGRAM_CACHE=off`` turns it off alone.  The first process pays for it: exporting
-lowers each program once more.  Measured on the 2-core machine, ``python -m checks`` (every row,
-float64 and float32): 40.7 s from empty caches against 36.7 s without this module, 9.7 s in a
-later process against 13.2-14.7 s.  The suite starts cold by design and runs with it off
+file is exported (or compiled) again.  The folder is bounded (MAX_BYTES, the least recently
+used files go first); with the compilation cache off (``GRADLAB_JAX_CACHE=off``) it is off
+too, and ``GRADLAB_PROGRAM_CACHE=off`` turns it off alone.  The first process pays for it:
+exporting lowers each program once more.  Measured on the 2-core machine, ``python -m checks``
+(every row, float64 and float32): 40.7 s from empty caches against 36.7 s without this module,
+9.7 s in a later process against 13.2-14.7 s (before executables were kept; with them, on the
+slower machine without AVX-512: 56.5 s from empty caches, 15.1 s in a later process, the same
+report).  The suite starts cold by design and runs with it off
 (``tests/conftest.py``); ``tests/test_program_cache.py`` tests it.
 """
 from __future__ import annotations
@@ -186,7 +188,9 @@ def _machine(options) -> str:
                              getattr(jaxlib, "__version__", ""))[:16]
 
 
-_CACHE_HITS = [0]  # programs read from JAX's compilation cache in this process, so far
+# programs read from JAX's compilation cache in this process, so far (a read by another thread
+# during a compilation only makes that compilation keep nothing: the safe side)
+_CACHE_HITS = [0]
 
 
 def _count_hit(event: str, **_):

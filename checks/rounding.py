@@ -479,7 +479,7 @@ class RoundingModel:
         scales = np.asarray(us, np.float32)  # (parts,)
         deviations = _split(self._flips_run(flat, amplitudes, margins, samples, scales),
                             [np.shape(m) for m in margins])
-        found = [np.einsum("n...,n...->...", d, d) for d in deviations]  # summed over the draws
+        found = _summed_squares(deviations)
         return found if sums is None else [a + b for a, b in zip(sums, found)]
 
     def _flipping(self, exact, sums):
@@ -585,14 +585,14 @@ class RoundingModel:
 
 
 def _side_by_side(arrays):
-    """Per-sample arrays (N, ...) side by side in one (N, total) float64 array: a program hands
-    the host one array, which sums it (``_host_sums``), instead of reducing every output in
-    the program (every reduction is a kernel of its own for XLA to compile: the registry's
-    whole model's spreads program compiled in 4.0-4.6 s so, against 7.1 s, on the 2-core
-    machine; its cold float64 check took 17.3-22.5 s against 21.2-24.1 s)."""
-    n = jnp.shape(arrays[0])[0] if arrays else 0
-    return jnp.concatenate([jnp.reshape(a, (n, -1)).astype(jnp.float64) for a in arrays],
-                           axis=1) if arrays else jnp.zeros((n, 0))
+    """Per-sample arrays (N, ...), at least one, side by side in one (N, total) float64 array:
+    a program hands the host one array, which sums it (``_host_sums``), instead of reducing
+    every output itself.  Every reduction is a kernel of its own for XLA to compile: the
+    registry's whole model's spreads program compiled in 4.0-4.6 s this way against 7.1 s with
+    its reductions, and its cold float64 check took 17.3-22.5 s against 21.2-24.1 s (the 2-core
+    machine without AVX-512)."""
+    n = jnp.shape(arrays[0])[0]
+    return jnp.concatenate([jnp.reshape(a, (n, -1)).astype(jnp.float64) for a in arrays], axis=1)
 
 
 def _split(side_by_side, shapes):
@@ -607,8 +607,12 @@ def _host_sums(side_by_side, outputs):
     """Per output, its deviations' squares summed over the samples, then per output the same of
     their projections (``_projected``): the lists ``_one_sample`` returns, from ``_spreads``."""
     deviations = _split(side_by_side, [np.shape(e) for e in outputs])
-    squares = [np.einsum("n...,n...->...", d, d) for d in deviations]  # summed over N
-    return squares + _projected(deviations, outputs, np)
+    return _summed_squares(deviations) + _projected(deviations, outputs, np)
+
+
+def _summed_squares(deviations):
+    """Per (N, ...) array, its squares summed over the N samples: (...) each."""
+    return [np.einsum("n...,n...->...", d, d) for d in deviations]
 
 
 def _projected(deviations, exact, xp=jnp):

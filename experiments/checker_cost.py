@@ -221,7 +221,8 @@ def format_cost(cost: dict) -> str:
                   f" {'load average':>14s}"]
     widths = {k: v for k, v in BY_NAME["model"].fixed.items() if k in ("D", "H", "F")}
     for name, r in cost["model"].items():
-        label = _size_text(name, MODEL_SIZES.get(name.split(",")[0], {}),
+        sizes = MODEL_SIZES["large"] if name == KINKS_RUN else MODEL_SIZES.get(name, {})
+        label = _size_text(name, sizes,
                            {**{k: DEFAULT_SIZES[k] for k in ("B", "T")}, **widths})
         load = "-" if "load" not in r else "%.1f, %.1f" % tuple(r["load"])
         lines.append(f"{label:44s} " + (r["error"] if "error" in r else

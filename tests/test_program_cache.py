@@ -114,12 +114,17 @@ def test_a_program_calling_a_library_keeps_no_executable(monkeypatch, tmp_path):
     assert _programs(tmp_path, ".jaxexp") and not _programs(tmp_path, ".jaxexe")
 
 
-def test_an_executable_is_named_by_the_machine_and_the_compiler_options():
+def test_an_executable_is_named_by_the_machine_and_the_compiler_options(monkeypatch):
     """An executable runs only where it was compiled for: its name carries the processor, XLA's
     flags and the compiler options, so another machine or setting compiles its own."""
     plain = program_cache._machine({})
     assert plain == program_cache._machine({})
     assert plain != program_cache._machine({"xla_backend_optimization_level": 0})
+    monkeypatch.setattr(program_cache, "_cpu", lambda: "another processor")
+    assert plain != program_cache._machine({})
+    monkeypatch.undo()
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_max_isa=SSE4_2")
+    assert plain != program_cache._machine({})
 
 
 class _NeverCounted(list):
@@ -169,7 +174,7 @@ def test_an_executable_that_cannot_run_is_compiled_again(monkeypatch, tmp_path):
     x = np.linspace(-1.0, 1.0, 9)
     _compiled_twice(monkeypatch, tmp_path, f, x, "test:broken-run")
     [kept] = _programs(tmp_path, ".jaxexe")
-    broken = kept.read_bytes()
-    np.testing.assert_allclose(np.asarray(program_cache.jit(f, "test:broken-run")(x)),
-                               np.cosh(x) * x[::-1], rtol=1e-15)
-    assert not kept.exists() or kept.read_bytes() != broken
+    monkeypatch.setattr(program_cache, "_CACHE_HITS", [0])  # the rule back: the compilation
+    np.testing.assert_allclose(np.asarray(program_cache.jit(f, "test:broken-run")(x)),  # again
+                               np.cosh(x) * x[::-1], rtol=1e-15)  # is JAX's read: nothing kept
+    assert program_cache._CACHE_HITS[0] == 1 and not kept.exists()
