@@ -18,6 +18,11 @@ By default glibc's malloc is asked to keep freed memory (timing.reuse_freed_memo
 the header; --no-reuse-memory leaves the system's setting): without it every fresh array above
 malloc's mmap threshold faults its pages in, on every step, for the lab, JAX and PyTorch alike;
 each step row counts the lab's page faults per step.
+Every contender runs on the same cores (--threads, default 1; timing.on_cores): the lab's BLAS
+threads, PyTorch's intra-op threads, and the process pinned to that many CPUs while the timings
+run, since XLA sizes its CPU pool by the CPUs the process may use and no flag bounds it.  With
+--threads 0 each library keeps its default (XLA's pool and OpenBLAS on every core).  The
+checker's rows run afterwards in fresh processes on every CPU.
 """
 from __future__ import annotations
 
@@ -46,7 +51,7 @@ class Config:
     backend: str = "numpy"      # array library the lab's kernels run on
     repeats: int = 30           # timed repeats of each candidate (the median is reported)
     warmup: int = 5             # untimed runs before timing
-    threads: int = 1            # BLAS threads for the lab's kernels (training's setting); 0 = default
+    threads: int = 1            # cores of every contender: the lab's BLAS and PyTorch's threads, and the process pinned to that many CPUs (XLA's pool); 0 = each library's default
     sizes: tuple[str, ...] = ("article", "large")  # training-step sizes to time
     dtype: str = "float32"      # floating-point type of the timed steps
     layers: bool = True         # also time every layer on its own
@@ -352,8 +357,9 @@ def step_rows(config, xp) -> list:
 def _steps_here(config_fields: dict) -> dict:
     """The child's side of unforced_steps: its environment and its step rows."""
     config = Config(**{k: tuple(v) if isinstance(v, list) else v for k, v in config_fields.items()})
-    return {"environment": timing.environment(config.threads, _allocator(config)),
-            "steps": step_rows(config, array_module(config.backend))}
+    with timing.on_cores(config.threads) as cores:
+        return {"environment": timing.environment(config.threads, _allocator(config), cores),
+                "steps": step_rows(config, array_module(config.backend))}
 
 
 def unforced_steps(config) -> dict:
@@ -391,31 +397,32 @@ def write_steps_section(header: str, steps_text: list, seconds: float) -> None:
 def run(config: Config) -> common.Result:
     start = time.perf_counter()
     xp = array_module(config.backend)
-    environment = timing.environment(config.threads, _allocator(config))
-    header = timing.format_header(environment)
-    print(header, flush=True)
-    rows = []
-    with timing.blas_threads(config.threads):
-        ceiling = timing.matmul_rate(xp, np.float32)
-    rows.append({"what": "float32 matmul 1024^3", "note": f"{ceiling / 1e9:.1f} GFLOP/s (alone, before "
-                 f"the steps; each step's loop measures it again)"})
-    steps = step_rows(config, xp)
-    rows += steps
-    unforced = unforced_steps(config) if timing.coretype_warning(environment) else None
-    shares_by_size = {}
-    if config.shares:
-        for name in common.progress(config.sizes, desc="layer shares"):
-            step = LabStep(config, xp, name)
-            with timing.blas_threads(config.threads):
-                shares_by_size[name] = shares.measure(
-                    (step.forward_backward, step.adam), repeats=config.repeats,
-                    warmup=config.warmup, sync=None if xp is np else timing.sync)
-    if config.layers:
-        rows += layer_rows(config, xp)
-    if config.extras:
-        rows += extras_rows(config)
-    if config.half:
-        rows += half_rows(config, xp)
+    with timing.on_cores(config.threads) as cores:  # before JAX starts its CPU pool
+        environment = timing.environment(config.threads, _allocator(config), cores)
+        header = timing.format_header(environment)
+        print(header, flush=True)
+        rows = []
+        with timing.blas_threads(config.threads):
+            ceiling = timing.matmul_rate(xp, np.float32)
+        rows.append({"what": "float32 matmul 1024^3", "note": f"{ceiling / 1e9:.1f} GFLOP/s (alone, "
+                     f"before the steps; each step's loop measures it again)"})
+        steps = step_rows(config, xp)
+        rows += steps
+        unforced = unforced_steps(config) if timing.coretype_warning(environment) else None
+        shares_by_size = {}
+        if config.shares:
+            for name in common.progress(config.sizes, desc="layer shares"):
+                step = LabStep(config, xp, name)
+                with timing.blas_threads(config.threads):
+                    shares_by_size[name] = shares.measure(
+                        (step.forward_backward, step.adam), repeats=config.repeats,
+                        warmup=config.warmup, sync=None if xp is np else timing.sync)
+        if config.layers:
+            rows += layer_rows(config, xp)
+        if config.extras:
+            rows += extras_rows(config)
+        if config.half:
+            rows += half_rows(config, xp)
     cost = checker_cost.measure(peers=config.peers) if config.checker else None
     forced = " ".join(f"{k}={v}" for k, v in environment["env"].items() if k in timing.CORETYPE_VARS)
     text = [format_rows(rows), "", "training steps, every ratio (lower is better for the lab; "

@@ -57,6 +57,54 @@ def blas_threads(n: int):
         yield
 
 
+@contextlib.contextmanager
+def on_cores(n: int):
+    """Run this process on n of its CPUs while the block runs (n = 0: as it is), so that every
+    contender of a comparison has the same cores: NumPy's BLAS (``blas_threads``), PyTorch's
+    pools (their thread counts) and XLA's CPU pool, which no flag bounds (its threads ran at
+    1.9 CPU-seconds per second on a 2-core machine under ``--xla_cpu_multi_thread_eigen=false
+    intra_op_parallelism_threads=1``, at 1.0 with the process pinned to one CPU) and which is
+    sized by the CPUs the process may use when JAX starts its CPU client.  Every thread the
+    process has is pinned (Linux), and the threads it starts inherit it; the block receives a
+    description of what ran where, and the CPUs are given back after it."""
+    allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if not n or not allowed or n >= len(allowed):
+        yield (f"the process's {_usable_cpus()} CPUs"
+               + (", each library's default pool" if not n else
+                  "" if allowed else " (not pinned: this platform has no CPU affinity)"))
+        return
+    from jax._src import xla_bridge
+    started = xla_bridge.backends_are_initialized()
+    chosen = set(allowed[:n])
+    tasks = _threads()
+    for tid in tasks:
+        _set_affinity(tid, chosen)
+    try:
+        yield (f"{n} of {len(allowed)} CPUs (the process pinned to CPU "
+               f"{', '.join(map(str, sorted(chosen)))}: NumPy's BLAS, XLA's CPU pool and PyTorch "
+               f"on the same core{'s' if n > 1 else ''}"
+               + ("; XLA's pool was started before the pinning and shares them)" if started
+                  else ")"))
+    finally:
+        for tid in _threads():
+            _set_affinity(tid, set(allowed))
+
+
+def _threads() -> list:
+    """The ids of this process's threads (Linux: /proc/self/task), or [0] (the caller)."""
+    try:
+        return [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        return [0]
+
+
+def _set_affinity(tid: int, cpus: set) -> None:
+    try:
+        os.sched_setaffinity(tid, cpus)
+    except OSError:  # a thread that ended meanwhile
+        pass
+
+
 def blas_info() -> list:
     """The BLAS libraries loaded in this process (threadpoolctl): library, version, default
     threads, threading layer and kernel ("architecture": the core type OpenBLAS runs)."""
@@ -146,9 +194,10 @@ def minor_faults() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
-def environment(threads: int, malloc: str = "system default") -> dict:
+def environment(threads: int, malloc: str = "system default", cores: str | None = None) -> dict:
     """What a timing ran on.  threads: the BLAS (and PyTorch intra-op) threads the bench sets
-    (0: the libraries' defaults); malloc: the allocator setting (reuse_freed_memory's answer).
+    (0: the libraries' defaults); malloc: the allocator setting (reuse_freed_memory's answer);
+    cores: the CPUs the timings run on (``on_cores``' description).
     With OPENBLAS_CORETYPE set, 'detected_kernel' names the kernel OpenBLAS picks when it is
     unset (one extra process)."""
     import jax
@@ -161,12 +210,19 @@ def environment(threads: int, malloc: str = "system default") -> dict:
            "env": {k: os.environ[k] for k in CORETYPE_VARS + THREAD_VARS if k in os.environ},
            "jax": {"version": jax.__version__, "backend": jax.default_backend(),
                    "devices": len(jax.devices()),
-                   "threads": "XLA_FLAGS: " + os.environ["XLA_FLAGS"] if "XLA_FLAGS" in os.environ
-                   else f"XLA's default (its CPU pool uses all {os.cpu_count()} cores)"},
-           "torch": _torch_info(threads)}
+                   "threads": f"its CPU pool uses the process's {_usable_cpus()} "
+                   f"CPU{'s' if _usable_cpus() > 1 else ''}" + (
+                       f" (XLA_FLAGS: {os.environ['XLA_FLAGS']})" if "XLA_FLAGS" in os.environ
+                       else "")},
+           "torch": _torch_info(threads), "cores": cores or f"the process's {_usable_cpus()} CPUs"}
     if any(k in os.environ for k in CORETYPE_VARS):
         env["detected_kernel"] = detected_blas_kernel()
     return env
+
+
+def _usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity where the platform has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 
 
 def coretype_warning(env: dict) -> str | None:
@@ -206,7 +262,7 @@ def format_header(env: dict) -> str:
                   f"{torch['version']} (BLAS {torch['blas']}), intra-op threads {torch['threads']} (default "
                   f"{torch['default_threads']}), inter-op threads {torch['interop_threads']}")
     jax = env["jax"]
-    lines = [machine_line(env),
+    lines = [machine_line(env), f"cores: {env.get('cores', 'not recorded')}",
              f"{blas_line(env)}; the bench sets {env['blas_threads']} thread(s)",
              f"malloc: {env.get('malloc', 'system default')}",
              f"numpy {env['numpy']}, python {env['python']}",

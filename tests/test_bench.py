@@ -1,4 +1,6 @@
 """The benchmark's plumbing (its numbers are ratios measured by `make bench`, never asserted)."""
+import os
+
 import pytest
 
 from experiments import bench, timing
@@ -34,6 +36,46 @@ def test_header_names_the_blas_kernel_threads_and_versions():
     assert ("torch: not installed" in header if torch["version"] is None else
             f"torch: {torch['version']} (BLAS {torch['blas']}), intra-op threads 1" in header)
     assert ("WARNING" in header) == any(k in env["env"] for k in timing.CORETYPE_VARS)
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="pinning needs a process that may use two CPUs or more")
+def test_every_contender_runs_on_the_cores_the_bench_gives_it():
+    """In a fresh process: a thread started before on_cores(1) is pinned with the main one, a
+    JAX product computed inside uses at most one CPU-second per second (XLA's pool, which its
+    flags do not bound, is sized by the pinned process), the header says so, and every thread
+    gets its CPUs back after the block.  The CPU-time bound holds on any machine: a process on
+    one CPU cannot exceed it; 1.1 leaves the clocks' granularity."""
+    import json
+    import subprocess
+    import sys
+    code = """if True:
+        import json, os, resource, threading, time
+        from experiments import timing
+        stop = threading.Event(); worker = threading.Thread(target=stop.wait); worker.start()
+        before = sorted(os.sched_getaffinity(0))
+        with timing.on_cores(1) as cores:
+            import jax, jax.numpy as jnp
+            header = timing.format_header(timing.environment(1, cores=cores))
+            inside = [sorted(os.sched_getaffinity(0)), sorted(os.sched_getaffinity(worker.native_id))]
+            x = jnp.ones((512, 512), jnp.float32); f = jax.jit(lambda a: a @ a @ a)
+            f(x).block_until_ready()
+            r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+            while time.perf_counter() - t0 < 0.5:
+                f(x).block_until_ready()
+            r1, wall = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter() - t0
+        cpu = r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime
+        after = [sorted(os.sched_getaffinity(0)), sorted(os.sched_getaffinity(worker.native_id))]
+        stop.set()
+        print(json.dumps(dict(before=before, inside=inside, after=after, ratio=cpu / wall,
+                              header=header)))"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["inside"] == [got["before"][:1]] * 2
+    assert got["after"] == [got["before"]] * 2
+    assert got["ratio"] <= 1.1, got["ratio"]
+    assert f"cores: 1 of {len(got['before'])} CPUs (the process pinned to CPU" in got["header"]
+    assert "threads: its CPU pool uses the process's 1 CPU" in got["header"]
 
 
 def test_unforced_env_drops_only_the_core_type_overrides():
