@@ -205,7 +205,8 @@ class LayerCheck:
         self.dout = dout.astype(self.dtype)
         self.dout64 = _f64(self.dout)
         try:
-            self.ref_out, self.auto_in, self.auto_params = self.ref.vjp(self.dout64)
+            self.ref_out, self.auto_in, self.auto_params = self.ref.vjp(self.dout64,
+                                                                        through_model=True)
         except Exception as exc:
             raise _Failed("oracle", _raised("oracle", exc))
 

@@ -147,10 +147,22 @@ class Oracle:
             return []
         return autodiff_caveats(closed.jaxpr)
 
-    def vjp(self, dout):
-        """(out, {input index: gradient}, {param: gradient}) for the upstream gradient dout."""
-        out, (d_in, d_params) = self._run(0, self._diff_values(), self.params,
-                                          jax.device_put(dout))
+    def vjp(self, dout, through_model=False):
+        """(out, {input index: gradient}, {param: gradient}) for the upstream gradient dout.
+        through_model (a check, which builds the rounding model anyway): the run compiled from
+        the model's own trace of the program (``RoundingModel.oracle_run``), so the oracle is
+        traced once, and a later process loads the compiled run (checks.program_cache); where
+        the model cannot follow the program, the oracle's own jitted (or eager) run."""
+        run = None
+        if through_model and self.traceable:
+            try:
+                model, args = self._model(dout)
+                run = lambda: model.oracle_run(args)
+            except Exception:  # noqa: BLE001  (the spreads report why; the plain run below)
+                run = None
+        if run is None:
+            run = lambda: self._run(0, self._diff_values(), self.params, jax.device_put(dout))
+        out, (d_in, d_params) = run()
         return (np.asarray(out), {i: np.asarray(g) for i, g in zip(self.diff_idx, d_in)},
                 {k: np.asarray(v) for k, v in d_params.items()})
 

@@ -258,12 +258,24 @@ class RoundingModel:
         self._flips_run = jit(self._flips, FAST_COMPILE)
         self._moves_run = jit(self._moves, exact_options, static_argnums=(2,))
         self._one_by_one_run = jit(self._one_by_one, FAST_COMPILE)
+        # the oracle's program itself, as XLA compiles it by default: the autodiff leg's run
+        self._oracle_run = jit(self._oracle, None)
         self.used = tuple(sorted({p for _, p in self.record}))
         # operation -> index of its amplitude kept from the exact run: every operation's in a
         # small program (the perturbed runs then trace no |value|), only the sums' beyond
         # LARGE_ELEMENTS (every amplitude kept would take as much memory as a sample)
         keep = [not self.large or k for k in kept]
         self.kept = {k: i for i, k in enumerate(k for k, kk in enumerate(keep) if kk)}
+
+    def _oracle(self, *flat):
+        return jcore.jaxpr_as_fun(self.closed)(*flat)
+
+    def oracle_run(self, args):
+        """The program's outputs at args (its pytree, as traced): the oracle's run itself, from
+        the same trace as the model's (checks.legs.Oracle.vjp)."""
+        flat = jax.tree_util.tree_leaves(args)
+        return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(self.shapes),
+                                            self._oracle_run(*flat))
 
     def _eval(self, flat, noise):
         return _eval(self.closed.jaxpr, self.closed.consts, flat, self.backward_in, noise,

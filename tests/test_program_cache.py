@@ -55,6 +55,35 @@ def test_a_check_reads_its_rounding_programs_and_reaches_the_same_tolerances(mon
                                    err_msg=name)
 
 
+def test_a_check_run_before_lowers_and_compiles_nothing(monkeypatch, tmp_path):
+    """A later process's view (fresh rounding models and oracle functions): the check loads
+    every program it runs, the oracle's own run included (compiled from the rounding model's
+    trace of it), so nothing is lowered or compiled, and the report is the same.  JAX's cache
+    is off for the test: a program it served keeps no executable (program_cache)."""
+    import jax
+    _on(monkeypatch, tmp_path)
+    events = []
+    listen = lambda event, seconds, **kw: events.append(event)
+
+    def check():
+        legs._ROUNDING_MODELS.clear()
+        legs._oracle_functions.cache_clear()
+        del events[:]
+        report = layer_check(BY_NAME["mha"], np.float64).run()
+        return report, [e for e in events if e.endswith(("jaxpr_to_mlir_module_duration",
+                                                         "backend_compile_duration"))]
+
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    jax.config.update("jax_enable_compilation_cache", False)
+    try:
+        (first, made), (again, later) = check(), check()
+    finally:
+        jax.config.update("jax_enable_compilation_cache", True)
+        jax.monitoring.unregister_event_duration_listener(listen)
+    assert made and not later, later
+    assert first.ok and str(again) == str(first)
+
+
 def _programs(tmp_path, suffix):
     return sorted((tmp_path / "programs").glob("*" + suffix))
 
