@@ -95,6 +95,7 @@ class Oracle:
         self.params = {k: jax.device_put(v) for k, v in params64.items()}
         self.static_items = None
         self._flips = None  # (dout, seed, roundoffs, flips) of the last spread, for kinks
+        self._modelled = False  # whether _model built (or found) the rounding model
         # of the rounding model's program, once ``spread`` ran it
         self.samples, self.elements, self.large = tolerances.SAMPLES, 0, False
         try:
@@ -152,9 +153,10 @@ class Oracle:
         through_model (a check, which builds the rounding model anyway): the run compiled from
         the model's own trace of the program (``RoundingModel.oracle_run``), so the oracle is
         traced once, and a later process loads the compiled run (checks.program_cache); where
-        the model cannot follow the program, the oracle's own jitted (or eager) run."""
+        the model cannot follow the program, the oracle's own jitted (or eager) run.  Once the
+        model is built, every later run goes through it (one compiled program, not two)."""
         run = None
-        if through_model and self.traceable:
+        if (through_model or self._modelled) and self.traceable:
             try:
                 model, args = self._model(dout)
                 run = lambda: model.oracle_run(args)
@@ -200,6 +202,7 @@ class Oracle:
         if model is None:
             program = _program(_caller(self.oracle, self.diff_idx, dict(self.static_items)))
             model = _ROUNDING_MODELS[key] = RoundingModel(program, args, dout_index=4)
+        self._modelled = True
         return model, args
 
     def spread(self, dout, seed=0, kink_us=None):

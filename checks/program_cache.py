@@ -43,6 +43,7 @@ report).  The suite starts cold by design and runs with it off
 """
 from __future__ import annotations
 
+import collections
 import functools
 import hashlib
 import os
@@ -103,17 +104,37 @@ def fingerprint(*parts) -> str:
     return h.hexdigest()
 
 
+SHARED_PROGRAMS = 512  # programs this process keeps by key for a later jit of the same key
+_SHARED: collections.OrderedDict = collections.OrderedDict()  # key -> (plain, calls, loaded)
+
+
 class jit:
     """``jax.jit(fn, static_argnums=..., compiler_options=...)`` whose traced program is kept on
     disk under ``key`` (a string naming everything fn's trace depends on besides its arguments'
-    types and this package's code); key None: a plain ``jax.jit``."""
+    types and this package's code); key None: a plain ``jax.jit``.
+
+    Within a process, a second jit of the same key (another oracle object with the same
+    program: a user's oracle written twice, a test's case built again) shares the first one's
+    traced and compiled programs, on disk or not: the key promises the same program, so it is
+    neither traced nor compiled again (the ``SHARED_PROGRAMS`` most recently made)."""
 
     def __init__(self, fn, key: str | None, *, static_argnums=(), compiler_options=None):
         self.fn, self.key, self.static = fn, key, tuple(static_argnums)
         self.options = compiler_options or {}
-        self.plain = jax.jit(fn, static_argnums=self.static, compiler_options=self.options)
-        self.calls = {}  # signature -> the jitted exported program (or self.plain)
-        self.loaded = {}  # signature -> the executable's file, for a call read from disk
+        name = None if key is None else (key, self.static, repr(sorted(self.options.items())))
+        shared = _SHARED.get(name) if name is not None else None
+        if shared is None:
+            shared = (jax.jit(fn, static_argnums=self.static, compiler_options=self.options),
+                      {}, {})
+            if name is not None:
+                _SHARED[name] = shared
+                while len(_SHARED) > SHARED_PROGRAMS:
+                    _SHARED.popitem(last=False)
+        else:
+            _SHARED.move_to_end(name)
+        # signature -> the jitted exported program (or self.plain); signature -> the
+        # executable's file, for a call read from disk
+        self.plain, self.calls, self.loaded = shared
 
     def __call__(self, *args):
         statics = tuple(args[i] for i in self.static)

@@ -1,5 +1,7 @@
 """Traced programs kept on disk (checks/program_cache.py): a later process reads the exported
 program instead of tracing it, and computes what the traced one computes."""
+import collections
+
 import numpy as np
 import jax.numpy as jnp
 
@@ -10,6 +12,14 @@ from checks.registry import BY_NAME, layer_check
 def _on(monkeypatch, tmp_path):
     monkeypatch.setenv(program_cache.ENV, "on")
     monkeypatch.setattr(jax_cache, "programs_folder", lambda: tmp_path / "programs")
+    monkeypatch.setattr(program_cache, "_SHARED", collections.OrderedDict())
+
+
+def _later_jit(fn, key, **kw):
+    """program_cache.jit as a later process makes it: nothing shared from this process's jits
+    of the same key (each such jit below stands for a new process)."""
+    program_cache._SHARED.clear()
+    return program_cache.jit(fn, key, **kw)
 
 
 def test_a_program_is_traced_once_then_read_from_disk(monkeypatch, tmp_path):
@@ -23,16 +33,44 @@ def test_a_program_is_traced_once_then_read_from_disk(monkeypatch, tmp_path):
     rng = np.random.default_rng(0)
     x, y = rng.standard_normal(5), rng.standard_normal((5, 5))
     want = np.sin(x) * 3 + y @ y.T
-    first = program_cache.jit(f, "test:f", static_argnums=(1,))(x, 3, y)
+    first = _later_jit(f, "test:f", static_argnums=(1,))(x, 3, y)
     assert len(traces) == 1 and len(list((tmp_path / "programs").glob("*.jaxexp"))) == 1
     assert len(list((tmp_path / "programs").glob("*.jaxexe"))) == 1  # and its executable
-    again = program_cache.jit(f, "test:f", static_argnums=(1,))(x, 3, y)  # a new process's view
+    again = _later_jit(f, "test:f", static_argnums=(1,))(x, 3, y)  # a new process's view
     assert len(traces) == 1, "the exported program should be read, not traced again"
     np.testing.assert_array_equal(np.asarray(again), np.asarray(first))
     np.testing.assert_allclose(np.asarray(first), want, rtol=1e-12, atol=1e-12)
-    other = program_cache.jit(f, "test:f", static_argnums=(1,))(x, 4, y)  # another static value
+    other = _later_jit(f, "test:f", static_argnums=(1,))(x, 4, y)  # another static value
     assert len(traces) == 2
     np.testing.assert_allclose(np.asarray(other), want + np.sin(x), rtol=1e-12, atol=1e-12)
+
+
+def test_a_second_jit_of_a_key_in_the_process_shares_the_first_ones_programs(monkeypatch):
+    """With nothing kept on disk (the suite's setting), a jit of a key this process has
+    compiled runs the same compiled program: no trace, no compilation, the same values; the
+    same function under another key is traced again."""
+    import jax
+    monkeypatch.setattr(program_cache, "_SHARED", collections.OrderedDict())
+    traces, events = [], []
+    listen = lambda event, seconds, **kw: events.append(event)
+
+    def f(x):
+        traces.append(1)
+        return jnp.tanh(x) * jnp.sum(x)
+
+    x = np.linspace(-2.0, 2.0, 6)
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        first = program_cache.jit(f, "test:shared")(x)
+        del events[:]
+        again = program_cache.jit(lambda x: f(x), "test:shared")(x)  # another function object
+        later = [e for e in events if e.endswith("backend_compile_duration")]
+        program_cache.jit(lambda x: f(x), "test:another")(x)  # another key: traced again
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+    assert len(traces) == 2 and not later, (traces, later)
+    np.testing.assert_array_equal(np.asarray(again), np.asarray(first))
+    np.testing.assert_allclose(np.asarray(first), np.tanh(x) * np.sum(x), rtol=1e-15)
 
 
 def test_a_check_reads_its_rounding_programs_and_reaches_the_same_tolerances(monkeypatch,
@@ -41,6 +79,7 @@ def test_a_check_reads_its_rounding_programs_and_reaches_the_same_tolerances(mon
     to 1e-12 (the same operations on the same draws)."""
     def tolerances():
         legs._ROUNDING_MODELS.clear()
+        program_cache._SHARED.clear()
         check = layer_check(BY_NAME["ff"], np.float32)
         report = check.run(diagnose=False)
         assert report.ok, str(report)
@@ -67,6 +106,7 @@ def test_a_check_run_before_lowers_and_compiles_nothing(monkeypatch, tmp_path):
 
     def check():
         legs._ROUNDING_MODELS.clear()
+        program_cache._SHARED.clear()
         legs._oracle_functions.cache_clear()
         del events[:]
         report = layer_check(BY_NAME["mha"], np.float64).run()
@@ -106,10 +146,10 @@ def test_a_later_process_loads_the_executable_and_neither_traces_nor_compiles(mo
     listen = lambda event, seconds, **kw: events.append(event)
     jax.monitoring.register_event_duration_secs_listener(listen)
     try:
-        first = program_cache.jit(f, "test:exe")(x, y)
+        first = _later_jit(f, "test:exe")(x, y)
         made = list(events)
         del events[:]
-        again = program_cache.jit(f, "test:exe")(x, y)
+        again = _later_jit(f, "test:exe")(x, y)
     finally:
         jax.monitoring.unregister_event_duration_listener(listen)
     steps = ("jaxpr_trace_duration", "jaxpr_to_mlir_module_duration", "backend_compile_duration")
@@ -124,10 +164,10 @@ def test_an_unreadable_executable_is_compiled_again(monkeypatch, tmp_path):
     _on(monkeypatch, tmp_path)
     f = lambda x: jnp.cos(x) * 2
     x = np.linspace(0.0, 1.0, 7)
-    program_cache.jit(f, "test:broken")(x)
+    _later_jit(f, "test:broken")(x)
     [path] = _programs(tmp_path, ".jaxexe")
     path.write_bytes(b"not an executable")
-    np.testing.assert_allclose(np.asarray(program_cache.jit(f, "test:broken")(x)),
+    np.testing.assert_allclose(np.asarray(_later_jit(f, "test:broken")(x)),
                                np.cos(x) * 2, rtol=1e-15)
     assert path.read_bytes() != b"not an executable"  # written again, whole
 
@@ -138,7 +178,7 @@ def test_a_program_calling_a_library_keeps_no_executable(monkeypatch, tmp_path):
     _on(monkeypatch, tmp_path)
     a = np.array([[3.0, 1.0], [1.0, 2.0]])
     b = np.array([9.0, 8.0])
-    got = program_cache.jit(lambda a, b: jnp.linalg.solve(a, b), "test:solve")(a, b)
+    got = _later_jit(lambda a, b: jnp.linalg.solve(a, b), "test:solve")(a, b)
     np.testing.assert_allclose(np.asarray(got), np.linalg.solve(a, b), rtol=1e-12)
     assert _programs(tmp_path, ".jaxexp") and not _programs(tmp_path, ".jaxexe")
 
@@ -171,10 +211,10 @@ def _compiled_twice(monkeypatch, tmp_path, f, x, key):
     before = jax.config.jax_persistent_cache_min_compile_time_secs
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
     try:
-        program_cache.jit(f, key)(x)
+        _later_jit(f, key)(x)
         monkeypatch.setattr(jax_cache, "programs_folder", lambda: tmp_path / "programs")
         hits = program_cache._CACHE_HITS[0]
-        got = program_cache.jit(f, key)(x)
+        got = _later_jit(f, key)(x)
     finally:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", before)
     return got, hits
@@ -190,7 +230,7 @@ def test_an_executable_read_from_jaxs_cache_is_not_kept(monkeypatch, tmp_path):
     got, hits = _compiled_twice(monkeypatch, tmp_path, f, x, "test:hit")
     assert program_cache._CACHE_HITS[0] > hits, "the second compilation should be JAX's read"
     assert _programs(tmp_path, ".jaxexp") and not _programs(tmp_path, ".jaxexe")
-    again = program_cache.jit(f, "test:hit")(x)
+    again = _later_jit(f, "test:hit")(x)
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-12)
     np.testing.assert_allclose(np.asarray(again), want, rtol=1e-12)
 
@@ -204,6 +244,6 @@ def test_an_executable_that_cannot_run_is_compiled_again(monkeypatch, tmp_path):
     _compiled_twice(monkeypatch, tmp_path, f, x, "test:broken-run")
     [kept] = _programs(tmp_path, ".jaxexe")
     monkeypatch.setattr(program_cache, "_CACHE_HITS", [0])  # the rule back: the compilation
-    np.testing.assert_allclose(np.asarray(program_cache.jit(f, "test:broken-run")(x)),  # again
+    np.testing.assert_allclose(np.asarray(_later_jit(f, "test:broken-run")(x)),  # again
                                np.cosh(x) * x[::-1], rtol=1e-15)  # is JAX's read: nothing kept
     assert program_cache._CACHE_HITS[0] == 1 and not kept.exists()
