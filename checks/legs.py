@@ -155,16 +155,16 @@ class Oracle:
         traced once, and a later process loads the compiled run (checks.program_cache); where
         the model cannot follow the program, the oracle's own jitted (or eager) run.  Once the
         model is built, every later run goes through it (one compiled program, not two)."""
-        run = None
+        result = None
         if (through_model or self._modelled) and self.traceable:
             try:
                 model, args = self._model(dout)
-                run = lambda: model.oracle_run(args)
-            except Exception:  # noqa: BLE001  (the spreads report why; the plain run below)
-                run = None
-        if run is None:
-            run = lambda: self._run(0, self._diff_values(), self.params, jax.device_put(dout))
-        out, (d_in, d_params) = run()
+                result = model.oracle_run(args)
+            except Exception:  # noqa: BLE001  (the model cannot follow or run the program:
+                result = None  # the spreads say why; the oracle's own run below)
+        if result is None:
+            result = self._run(0, self._diff_values(), self.params, jax.device_put(dout))
+        out, (d_in, d_params) = result
         return (np.asarray(out), {i: np.asarray(g) for i, g in zip(self.diff_idx, d_in)},
                 {k: np.asarray(v) for k, v in d_params.items()})
 
