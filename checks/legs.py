@@ -96,6 +96,7 @@ class Oracle:
         self.static_items = None
         self._flips = None  # (dout, seed, roundoffs, flips) of the last spread, for kinks
         self._modelled = False  # whether _model built (or found) the rounding model
+        self._unmodelled = None  # why it could not: raised again, not built twice
         # of the rounding model's program, once ``spread`` ran it
         self.samples, self.elements, self.large = tolerances.SAMPLES, 0, False
         try:
@@ -200,8 +201,14 @@ class Oracle:
         key = (self.oracle, self.diff_idx, self.static_items, shapes)
         model = _ROUNDING_MODELS.get(key)
         if model is None:
+            if self._unmodelled is not None:
+                raise self._unmodelled
             program = _program(_caller(self.oracle, self.diff_idx, dict(self.static_items)))
-            model = _ROUNDING_MODELS[key] = RoundingModel(program, args, dout_index=4)
+            try:
+                model = _ROUNDING_MODELS[key] = RoundingModel(program, args, dout_index=4)
+            except Exception as exc:  # noqa: BLE001  (spread reports it as Unsupported)
+                self._unmodelled = exc
+                raise
         self._modelled = True
         return model, args
 

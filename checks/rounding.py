@@ -630,8 +630,7 @@ def _summed_squares(deviations):
 def _projected(deviations, exact, xp=jnp):
     """Per output, the samples' deviations projected on the exact result over every set of
     ``checks.aggregate.slice_sums``, squared and summed over the samples: (sets,) each."""
-    finite = (lambda e: np.where(np.isfinite(e), e, 0.0)) if xp is np else _finite
-    return [xp.sum(slice_sums(d * finite(e), lead=1, xp=xp) ** 2, axis=0)
+    return [xp.sum(slice_sums(d * _finite(e, xp), lead=1, xp=xp) ** 2, axis=0)
             for d, e in zip(deviations, exact)]
 
 
@@ -884,8 +883,11 @@ def _round(name, eqn, ins, out, noise, part):
                             accumulation=True))
 
 
-def _finite(amplitude):
-    """A non-finite result (an oracle's -inf mask) is exact: no rounding to perturb it by."""
+def _finite(amplitude, xp=jnp):
+    """A non-finite result (an oracle's -inf mask) is exact: no rounding to perturb it by (in a
+    traced program, or on the host with xp = np)."""
+    if xp is np:
+        return np.where(np.isfinite(amplitude), amplitude, 0.0)
     return jax.lax.select(jax.lax.is_finite(amplitude), amplitude, _as(0.0, amplitude))
 
 

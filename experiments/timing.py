@@ -73,8 +73,11 @@ def on_cores(n: int):
                + (", each library's default pool" if not n else
                   "" if allowed else " (not pinned: this platform has no CPU affinity)"))
         return
-    from jax._src import xla_bridge
-    started = xla_bridge.backends_are_initialized()
+    try:  # whether JAX's CPU client (and its pool) exists already: JAX's own, private, test
+        from jax._src.xla_bridge import backends_are_initialized
+        started = backends_are_initialized()
+    except (ImportError, AttributeError):
+        started = None
     chosen = set(allowed[:n])
     tasks = _threads()
     for tid in tasks:
@@ -84,7 +87,7 @@ def on_cores(n: int):
                f"{', '.join(map(str, sorted(chosen)))}: NumPy's BLAS, XLA's CPU pool and PyTorch "
                f"on the same core{'s' if n > 1 else ''}"
                + ("; XLA's pool was started before the pinning and shares them)" if started
-                  else ")"))
+                  else ")" if started is False else "; XLA's pool may predate the pinning)"))
     finally:
         for tid in _threads():
             _set_affinity(tid, set(allowed))
@@ -202,6 +205,7 @@ def environment(threads: int, malloc: str = "system default", cores: str | None 
     unset (one extra process)."""
     import jax
     import numpy
+    cpus = _usable_cpus()
     env = {"cpu": _cpu_model(), "cpus": os.cpu_count(), "machine": platform.machine(),
            "malloc": malloc,
            "load_average": [round(x, 2) for x in os.getloadavg()],
@@ -210,11 +214,11 @@ def environment(threads: int, malloc: str = "system default", cores: str | None 
            "env": {k: os.environ[k] for k in CORETYPE_VARS + THREAD_VARS if k in os.environ},
            "jax": {"version": jax.__version__, "backend": jax.default_backend(),
                    "devices": len(jax.devices()),
-                   "threads": f"its CPU pool uses the process's {_usable_cpus()} "
-                   f"CPU{'s' if _usable_cpus() > 1 else ''}" + (
+                   "threads": f"its CPU pool uses the process's {cpus} "
+                   f"CPU{'s' if cpus > 1 else ''}" + (
                        f" (XLA_FLAGS: {os.environ['XLA_FLAGS']})" if "XLA_FLAGS" in os.environ
                        else "")},
-           "torch": _torch_info(threads), "cores": cores or f"the process's {_usable_cpus()} CPUs"}
+           "torch": _torch_info(threads), "cores": cores or f"the process's {cpus} CPUs"}
     if any(k in os.environ for k in CORETYPE_VARS):
         env["detected_kernel"] = detected_blas_kernel()
     return env

@@ -66,3 +66,28 @@ def test_a_cond_oracle_falls_back_with_a_finding_that_says_what_is_lost():
     assert report.ok, str(report)
     note = next(n for n in report.notes if n.finding is Finding.NO_ROUNDING_MODEL)
     assert "control flow ('cond')" in str(note) and "x u x the tensor's largest" in str(note)
+
+
+def test_an_oracle_the_model_cannot_follow_is_tried_once_per_check(monkeypatch):
+    """The oracle's run tries the rounding model first (the check builds it anyway); a program
+    it cannot follow is not traced into a model a second time for the spreads, and the check
+    still falls back with its finding."""
+    import jax
+
+    from checks import rounding
+    from checks.verdict import Finding
+    tries = []
+    build = rounding.RoundingModel.__init__
+
+    def counted(self, *args, **kw):
+        tries.append(1)
+        build(self, *args, **kw)
+    monkeypatch.setattr(rounding.RoundingModel, "__init__", counted)
+
+    def tripled(x, p):
+        return jax.lax.cond(x.sum() > -1e9, lambda x: 3 * x, lambda x: 2 * x, x)
+    x = np.random.default_rng(1).standard_normal((2, 5))
+    report = check_layer(lambda x, p: (3 * x, None), lambda dy, c: (3 * dy, {}), tripled, [x],
+                         {})
+    assert report.ok and tries == [1], (tries, str(report))
+    assert any(n.finding is Finding.NO_ROUNDING_MODEL for n in report.notes)
