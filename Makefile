@@ -5,6 +5,9 @@
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
+# xdist's work stealing: a worker that runs out takes tests from the other's queue, so neither
+# sits idle behind the other's long whole-model checks (docs/testing.md)
+XDIST  := -n 2 --dist worksteal
 STAMP  := $(VENV)/.installed
 
 .PHONY: test test-alt test-slow test-all run checks bench clean docs deps-newest
@@ -16,16 +19,16 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 test: $(STAMP)
-	$(PY) -m pytest -q -n 2 -m "not slow"
+	$(PY) -m pytest -q $(XDIST) -m "not slow"
 
 test-alt: $(STAMP)      # the fast suite under a second numerical configuration (docs/testing.md)
-	$(PY) scripts/alt_numerics.py -- $(PY) -m pytest -q -n 2 -m "not slow"
+	$(PY) scripts/alt_numerics.py -- $(PY) -m pytest -q $(XDIST) -m "not slow"
 
 test-slow: $(STAMP)
-	$(PY) -m pytest -q -n 2 -m slow
+	$(PY) -m pytest -q $(XDIST) -m slow
 
 test-all: $(STAMP)
-	$(PY) -m pytest -q -n 2
+	$(PY) -m pytest -q $(XDIST)
 
 run: $(STAMP)
 	$(PY) -m checks
