@@ -97,6 +97,7 @@ class Oracle:
         self._flips = None  # (dout, seed, roundoffs, flips) of the last spread, for kinks
         self._modelled = False  # whether _model built (or found) the rounding model
         self._unmodelled = None  # why it could not: raised again, not built twice
+        self._exact = None  # (dout, the model's exact run) of a check's vjp, for its spread
         # of the rounding model's program, once ``spread`` ran it
         self.samples, self.elements, self.large = tolerances.SAMPLES, 0, False
         try:
@@ -155,12 +156,20 @@ class Oracle:
         the model's own trace of the program (``RoundingModel.oracle_run``), so the oracle is
         traced once, and a later process loads the compiled run (checks.program_cache); where
         the model cannot follow the program, the oracle's own jitted (or eager) run.  Once the
-        model is built, every later run goes through it (one compiled program, not two)."""
+        model is built, every later run goes through it (one compiled program, not two).
+        A check's own run (through_model) is the model's exact run, kept for ``spread`` at the
+        same dout: the amplitudes' program gives the oracle's values too, and the check compiles
+        (or loads) and runs no separate program of the oracle."""
         result = None
         if (through_model or self._modelled) and self.traceable:
             try:
                 model, args = self._model(dout)
-                result = model.oracle_run(args)
+                if through_model:
+                    exact = model.exact(args)
+                    self._exact = (np.array(dout), exact)
+                    result = model.outputs(exact[0])
+                else:
+                    result = model.oracle_run(args)
             except Exception:  # noqa: BLE001  (the model cannot follow or run the program:
                 result = None  # the spreads say why; the oracle's own run below)
         if result is None:
@@ -216,9 +225,11 @@ class Oracle:
         """The rounding model's spreads: (output Spread, {index: Spread}, {param: Spread}).
         Raises Unsupported when the oracle cannot be traced.  kink_us: the roundoffs a later
         ``kinks`` call will ask for; its flips then come from the spread's own draws."""
+        kept, self._exact = self._exact, None  # held from vjp until here only (its memory)
+        exact = kept[1] if kept is not None and np.array_equal(kept[0], dout) else None
         try:
             model, args = self._model(dout)
-            (out, (d_in, d_params)), flips = model.spread_and_flips(args, seed, kink_us)
+            (out, (d_in, d_params)), flips = model.spread_and_flips(args, seed, kink_us, exact)
             # the spreads' runs per part (Policy.for_samples) and the program's size
             self.samples, self.elements, self.large = model.samples, model.elements, model.large
         except Unsupported:

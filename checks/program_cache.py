@@ -20,10 +20,12 @@ serialize_executable``), named also by what it was compiled for: the processor (
 instruction sets), ``XLA_FLAGS`` and the compiler options.  A later process loads it and neither
 traces, lowers nor looks up JAX's compilation cache: a self-attention check's first call at the
 registry's size in a process that had run it before took 0.52-0.69 s instead of 0.63-0.95 s
-(alternating processes, the 2-core machine without AVX-512).  The oracle's own run is one of
-these programs (``RoundingModel.oracle_run``, compiled from the model's trace of the oracle),
-so such a check lowers and compiles nothing: 0.36-0.56 s against 0.51-0.69 s with the oracle
-jitted and traced on its own (five alternating processes each, the same machine).  Two kinds of program keep no
+(alternating processes, the 2-core machine without AVX-512).  The oracle's values are one of
+these programs too (``RoundingModel.exact``: the model's exact run, from its trace of the
+oracle), so such a check lowers and compiles nothing: 0.36-0.56 s against 0.51-0.69 s with the
+oracle jitted and traced on its own (five alternating processes each, the same machine; then
+from a program of its own, ``RoundingModel.oracle_run``, which a check now leaves to later
+runs of the oracle, one executable less to load).  Two kinds of program keep no
 executable: one that calls a library through a custom call (LAPACK on the CPU: the process must
 set the library up first, which lowering its traced program does), and one whose compilation
 JAX read from its own cache (such an executable serializes without its compiled functions, and

@@ -273,9 +273,18 @@ class RoundingModel:
     def oracle_run(self, args):
         """The program's outputs at args (its pytree, as traced): the oracle's run itself, from
         the same trace as the model's (checks.legs.Oracle.vjp)."""
-        flat = jax.tree_util.tree_leaves(args)
+        return self.outputs(self._oracle_run(*jax.tree_util.tree_leaves(args)))
+
+    def exact(self, args):
+        """The exact run at args, as ``spread_and_flips`` takes it back (``_amplitudes``): a
+        check takes the oracle's values from it (``outputs``), so one run and one compiled
+        program give both the autodiff leg and the spreads' amplitudes."""
+        return self._amplitudes_run(jax.tree_util.tree_leaves(args))
+
+    def outputs(self, flat_outputs):
+        """Flat outputs (an exact run's first item) as the program's pytree."""
         return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(self.shapes),
-                                            self._oracle_run(*flat))
+                                            list(flat_outputs))
 
     def _eval(self, flat, noise):
         return _eval(self.closed.jaxpr, self.closed.consts, flat, self.backward_in, noise,
@@ -505,14 +514,15 @@ class RoundingModel:
         """A pytree like the program's output with one Spread per leaf."""
         return self.spread_and_flips(args, seed)[0]
 
-    def spread_and_flips(self, args, seed=0, kink_us=None):
+    def spread_and_flips(self, args, seed=0, kink_us=None, exact=None):
         """(``spread``, where the predicates flip with the same draws at the roundoffs kink_us,
         for ``kinks``: None without kink_us or comparisons).  One exact run gives every
         operation's amplitude; each chunk of normal draws then feeds every part's perturbed
         runs and the flip runs (the same draws, ``_samples``).  A large program with kink_us
-        runs every part at once at those roundoffs (``Spread``'s combined form)."""
+        runs every part at once at those roundoffs (``Spread``'s combined form).  exact: this
+        model's ``exact`` run at the same args, when the caller made it already."""
         flat, _ = jax.tree_util.tree_flatten(args)
-        exact = self._amplitudes_run(flat)
+        exact = self._amplitudes_run(flat) if exact is None else exact
         if self.large and kink_us is not None:
             return self._combined(flat, exact, seed, tuple(kink_us))
         if self.large:

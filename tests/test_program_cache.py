@@ -110,8 +110,8 @@ def test_a_check_reads_its_rounding_programs_and_reaches_the_same_tolerances(mon
 
 def test_a_check_run_before_lowers_and_compiles_nothing(monkeypatch, tmp_path):
     """A later process's view (fresh rounding models and oracle functions): the check loads
-    every program it runs, the oracle's own run included (compiled from the rounding model's
-    trace of it), so nothing is lowered or compiled, and the report is the same.  JAX's cache
+    every program it runs, the one giving the oracle's values included (the rounding model's
+    exact run), so nothing is lowered or compiled, and the report is the same.  JAX's cache
     is off for the test: a program it served keeps no executable (program_cache)."""
     import jax
     _on(monkeypatch, tmp_path)
@@ -253,3 +253,35 @@ def test_an_executable_that_cannot_run_is_compiled_again(monkeypatch, tmp_path):
     np.testing.assert_allclose(np.asarray(_later_jit(f, "test:broken-run")(x)),  # again
                                np.cosh(x) * x[::-1], rtol=RTOL)  # is JAX's read: nothing kept
     assert program_cache._CACHE_HITS[0] == 1 and not kept.exists()
+
+
+def test_a_check_takes_the_oracles_values_from_the_models_exact_run(monkeypatch):
+    """The autodiff leg's values come from the rounding model's exact run, which the spreads
+    need anyway: a passing check traces (so compiles) no separate program of the oracle, and
+    its values are the oracle's jitted vjp's (float64 at RTOL: the two programs are the same
+    maths compiled with other XLA options, so they may differ in the last bits)."""
+    import jax
+
+    from checks import rounding
+    traced = []
+    plain = rounding.RoundingModel._oracle
+
+    def counted(self, *flat):
+        traced.append(1)
+        return plain(self, *flat)
+    monkeypatch.setattr(rounding.RoundingModel, "_oracle", counted)
+    monkeypatch.setattr(program_cache, "_SHARED", collections.OrderedDict())
+    monkeypatch.setattr(legs, "_ROUNDING_MODELS", {})
+    check = layer_check(BY_NAME["mha-causal"], np.float64)
+    assert check.run().ok and not traced
+    ref = check.ref
+    out, (d_in, d_params) = ref._run(0, ref._diff_values(), ref.params,
+                                     jax.device_put(check.dout64))
+    got = {"out": check.ref_out, **{f"input {i}": check.auto_in[i] for i in ref.diff_idx},
+           **check.auto_params}
+    want = {"out": out, **{f"input {i}": g for i, g in zip(ref.diff_idx, d_in)}, **d_params}
+    assert got.keys() == want.keys()
+    for name, g in want.items():  # an element cancelling to ~0 keeps its terms' absolute error
+        g = np.asarray(g)
+        np.testing.assert_allclose(got[name], g, rtol=RTOL, atol=RTOL * np.abs(g).max(),
+                                   err_msg=name)
