@@ -38,6 +38,7 @@ def test_header_names_the_blas_kernel_threads_and_versions():
     assert ("WARNING" in header) == any(k in env["env"] for k in timing.CORETYPE_VARS)
 
 
+@pytest.mark.slow  # a fresh process (JAX's CPU pool sized before it starts): 6 s
 @pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
                     reason="pinning needs a process that may use two CPUs or more")
 def test_every_contender_runs_on_the_cores_the_bench_gives_it():
