@@ -6,7 +6,9 @@ compilation and a peak is that process's own maximum resident memory (``ru_maxrs
 
 * layer (self-attention, float64, the registry's row ``mha``) at LAYER_SIZES: ``check_layer``
   first call and warm (a second call), in a process with an empty persistent compilation cache
-  (checks.jax_cache) and again in a second process that reads it; ``gradcheck`` in its default
+  (checks.jax_cache), then the first call again in CACHED_RUNS later processes that read it
+  (their median, the figure the target judges, and their range: on a shared machine one
+  process's first call moves by a fifth between runs); ``gradcheck`` in its default
   (full Jacobian) and fast mode on the PyTorch twin of the layer (experiments.peers_torch), when
   PyTorch is installed; ``check_grads`` (order 1, reverse mode) on the JAX oracle, first and warm.
 * whole model (registry row ``model``, MODEL_DTYPE) at MODEL_SIZES: the registry's size and
@@ -37,6 +39,7 @@ LAYER_SIZES = {"registry": {}, "larger": {"B": 4, "T": 32, "S": 32, "D": 64, "H"
 # (experiments/bench.py); the row fixes its widths (D 6, H 2, F 8, V 4) and rejects other D, H,
 # F on the command line, so the large size runs the row at the bench's (registry.model_at)
 MODEL_SIZES = {"registry": {}, "large": {"B": 32, "T": 64, "D": 256, "H": 8, "F": 1024}}
+CACHED_RUNS = 5  # later processes timing the first call with the persistent cache filled
 WIDTHS = ("D", "H", "F")
 KINKS_RUN = "large, kinks run"  # the large check again with its kinks' moves run, needed or not
 MODEL_DTYPE = "float32"
@@ -60,14 +63,16 @@ def _seconds(fn):
 
 # --- what the child processes run ----------------------------------------------------------
 
-def layer_check_times(sizes: dict, peers: bool = True) -> dict:
-    """check_layer first and warm; with peers, also check_grads and gradcheck (both modes)."""
+def layer_check_times(sizes: dict, peers: bool = True, warm: bool = True) -> dict:
+    """check_layer first and (warm) a second call; with peers, also check_grads and gradcheck
+    (both modes)."""
     import checks  # noqa: F401  (x64 and the persistent cache, as every check starts)
     from checks.registry import BY_NAME, run_row
     row = BY_NAME["mha"]
     first, report = _seconds(lambda: run_row(row, np.float64, sizes=sizes))
-    warm, _ = _seconds(lambda: run_row(row, np.float64, sizes=sizes))
-    out = {"check_layer_first": first, "check_layer_warm": warm, "check_layer_ok": report.ok}
+    out = {"check_layer_first": first, "check_layer_ok": report.ok}
+    if warm:
+        out["check_layer_warm"], _ = _seconds(lambda: run_row(row, np.float64, sizes=sizes))
     if peers:
         inputs, params, _ = row.case(np.random.default_rng(0), np.float64, sizes)
         out.update(_check_grads_times(row.oracle, inputs[0], params))
@@ -177,8 +182,13 @@ def measure(peers: bool = True, layer_sizes=LAYER_SIZES, model_sizes=MODEL_SIZES
             env = {**os.environ, "GRADLAB_JAX_CACHE": cache}
             env.pop("JAX_COMPILATION_CACHE_DIR", None)
             layer[name] = in_child("layer_check_times", env, sizes=sizes, peers=peers)
-            again = in_child("layer_check_times", env, sizes=sizes, peers=False)
-            layer[name]["check_layer_first_cached"] = again.get("check_layer_first", float("nan"))
+            again = [in_child("layer_check_times", env, sizes=sizes, peers=False, warm=False)
+                     for _ in range(CACHED_RUNS)]
+            runs = [a.get("check_layer_first", float("nan")) for a in again]
+            layer[name]["check_layer_first_cached_runs"] = runs
+            layer[name]["check_layer_first_cached"] = float(np.median(runs))
+            layer[name]["check_layer_ok"] = layer[name].get("check_layer_ok", False) and all(
+                a.get("check_layer_ok", False) for a in again)
     model = {name: in_child("model_check_cost", sizes=sizes) for name, sizes in model_sizes.items()}
     if kinks_run and "large" in model_sizes:  # what the deferred kinks' moves would have cost
         model[KINKS_RUN] = in_child("model_check_cost", sizes=model_sizes["large"],
@@ -217,6 +227,12 @@ def format_cost(cost: dict) -> str:
         lines.append(f"{label:44s}" + "".join(f" {cell(r, key, ok):>18s}" for _, key, ok in cols))
         if r.get("gradcheck_note"):
             lines.append(f"  gradcheck: {r['gradcheck_note']}")
+    cached = {name: r["check_layer_first_cached_runs"] for name, r in cost["layer"].items()
+              if r.get("check_layer_first_cached_runs")}
+    if cached:
+        n = len(next(iter(cached.values())))
+        lines.append(f"first, cached: the median of {n} later processes (their range: "
+                     + ", ".join(f"{_span(runs)} {name}" for name, runs in cached.items()) + ")")
     lines += ["", f"{'whole-model check, ' + MODEL_DTYPE:44s} {'time':>12s} {'peak memory':>14s}"
                   f" {'load average':>14s}"]
     widths = {k: v for k, v in BY_NAME["model"].fixed.items() if k in ("D", "H", "F")}
@@ -268,14 +284,19 @@ FIRST_CACHED_MOST = 0.5          # seconds
 MODEL_MOST = (30.0, 4 * 2 ** 30)  # seconds, bytes
 
 
+def _span(runs) -> str:
+    return f"{min(runs):.2f}-{max(runs):.2f} s"
+
+
 def target_lines(cost: dict) -> list:
     lines = []
     r = cost["layer"].get("registry", {})
     if "check_layer_first_cached" in r:
-        got = r["check_layer_first_cached"]
+        got, runs = r["check_layer_first_cached"], r.get("check_layer_first_cached_runs")
+        how = "" if not runs else f", the median of {len(runs)} processes: {_span(runs)}"
         lines.append(f"target check_layer first call at the registry's size, persistent cache: "
                      f"<= {FIRST_CACHED_MOST} s: {'met' if got <= FIRST_CACHED_MOST else 'NOT met'} "
-                     f"({got:.2f} s)")
+                     f"({got:.2f} s{how})")
     m = cost["model"].get("large", {})
     if "seconds" in m:  # a check that fails a correct model meets nothing
         ok = m["seconds"] <= MODEL_MOST[0] and m["peak_bytes"] <= MODEL_MOST[1] and m["ok"]

@@ -162,6 +162,13 @@ def test_checker_targets_are_judged_on_the_measured_figures():
             "model": {"large": {"seconds": 20.0, "peak_bytes": 3 * 2 ** 30, "ok": True}}}
     lines = checker_cost.target_lines(cost)
     assert "<= 0.5 s: NOT met (0.70 s)" in lines[0]
+    # several later processes: judged on their median, their range printed beside it
+    cost["layer"]["registry"].update(check_layer_first_cached=0.46,
+                                     check_layer_first_cached_runs=[0.61, 0.42, 0.46, 0.44, 0.55])
+    assert "<= 0.5 s: met (0.46 s, the median of 5 processes: 0.42-0.61 s)" in \
+        checker_cost.target_lines(cost)[0]
+    assert "first, cached: the median of 5 later processes (their range: 0.42-0.61 s registry)" \
+        in checker_cost.format_cost(cost)
     assert "<= 30 s and <= 4 GiB, passing: met (20.0 s, 3.00 GiB)" in lines[1]
     cost["model"]["large"]["ok"] = False  # fast and small, but a correct model failed
     assert "passing: NOT met (20.0 s, 3.00 GiB, FAILED)" in checker_cost.target_lines(cost)[1]
