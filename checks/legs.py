@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from checks import tolerances
+from checks import program_cache, tolerances
 from checks.rounding import RoundingModel, Unsupported
 from kernels.backend import to_numpy
 
@@ -82,6 +82,21 @@ def _oracle_functions(oracle, diff_idx, static_items):
 _ROUNDING_MODELS = {}  # (oracle, diff_idx, static, shapes) -> RoundingModel
 
 
+def _group_of(oracle, diff_idx, static_items, arrays) -> str:
+    """A name for the programs of this oracle's rounding model, known before any trace: the
+    function's module, name and bytecode, the differentiated inputs, the static arguments, and
+    every array's shape and dtype.  Only a guess of which executables to load ahead: two
+    oracles that share it load each other's in vain, and every program is still found by its
+    own trace (``checks.program_cache``)."""
+    shapes = [(tuple(np.shape(x)), str(getattr(x, "dtype", type(x).__name__)))
+              for x in jax.tree_util.tree_leaves(arrays)]
+    code = getattr(getattr(oracle, "__code__", None), "co_code", b"")
+    name = f"{getattr(oracle, '__module__', '')}." + getattr(
+        oracle, "__qualname__", type(oracle).__qualname__)
+    structure = str(jax.tree_util.tree_structure(arrays))  # the params' and arrays' names
+    return program_cache.fingerprint(name, code, repr((diff_idx, static_items, shapes)), structure)
+
+
 class Oracle:
     """The oracle of one check, at fixed inputs: its forward, VJPs, rounding model, complex step."""
 
@@ -106,6 +121,11 @@ class Oracle:
         except TypeError:  # an unhashable static argument: op by op only
             self.arrays = {}
             self._fns = [_runs(_caller(oracle, self.diff_idx, static))]
+        # the rounding model's executables an earlier process loaded start loading now, beside
+        # the oracle's tracing (checks.program_cache.read_ahead)
+        self._group = _group_of(oracle, self.diff_idx, self.static_items,
+                                (inputs64, params64, self.arrays)) if self.traceable else None
+        program_cache.read_ahead(self._group)
 
     @property
     def traceable(self) -> bool:
@@ -214,7 +234,8 @@ class Oracle:
                 raise self._unmodelled
             program = _program(_caller(self.oracle, self.diff_idx, dict(self.static_items)))
             try:
-                model = _ROUNDING_MODELS[key] = RoundingModel(program, args, dout_index=4)
+                model = _ROUNDING_MODELS[key] = RoundingModel(program, args, dout_index=4,
+                                                              group=self._group)
             except Exception as exc:  # noqa: BLE001  (spread reports it as Unsupported)
                 self._unmodelled = exc
                 raise

@@ -222,7 +222,7 @@ class RoundingModel:
     same draws (``_sampler``).  The programs are compiled without XLA's costly passes: a
     model, not a result."""
 
-    def __init__(self, program, args, dout_index, samples=None):
+    def __init__(self, program, args, dout_index, samples=None, group=None):
         self.closed, self.shapes = jax.make_jaxpr(program, return_shape=True)(*args)
         flat, _ = jax.tree_util.tree_flatten(args)
         counts = [len(jax.tree_util.tree_leaves(a)) for a in args]
@@ -249,8 +249,13 @@ class RoundingModel:
         # every program traced once per oracle, shapes and code, then read from disk
         key = program_cache.fingerprint(str(self.closed.jaxpr), *self.closed.consts,
                                         repr((self.backward_in, self.large, self.samples)))
+        # group: the name the caller knew these programs by before tracing (the oracle's,
+        # ``checks.legs``), under which an earlier process noted the executables it loaded
+        group = group or key
         jit = lambda fn, options, **kw: program_cache.jit(fn, f"{key}:{fn.__name__}",
-                                                          compiler_options=options, **kw)
+                                                          compiler_options=options, group=group,
+                                                          **kw)
+        program_cache.read_ahead(group)  # what an earlier process loaded, on a thread of its own
         self._amplitudes_run = jit(self._amplitudes, exact_options)
         self._margins_run = jit(self._margins, exact_options)
         self._run = jit(self._spreads, FAST_COMPILE)

@@ -14,6 +14,8 @@ def _on(monkeypatch, tmp_path):
     monkeypatch.setenv(program_cache.ENV, "on")
     monkeypatch.setattr(jax_cache, "programs_folder", lambda: tmp_path / "programs")
     monkeypatch.setattr(program_cache, "_SHARED", collections.OrderedDict())
+    monkeypatch.setattr(program_cache, "_GROUPS", {})
+    monkeypatch.setattr(program_cache, "_AHEAD", {})
 
 
 @contextlib.contextmanager
@@ -111,16 +113,27 @@ def test_a_check_reads_its_rounding_programs_and_reaches_the_same_tolerances(mon
 def test_a_check_run_before_lowers_and_compiles_nothing(monkeypatch, tmp_path):
     """A later process's view (fresh rounding models and oracle functions): the check loads
     every program it runs, the one giving the oracle's values included (the rounding model's
-    exact run), so nothing is lowered or compiled, and the report is the same.  JAX's cache
-    is off for the test: a program it served keeps no executable (program_cache)."""
+    exact run), so nothing is lowered or compiled, and the report is the same.  The
+    executables are those the first check noted for its oracle, each loaded ahead on the
+    reader's thread, none by the check itself.  JAX's cache is off for the test: a program it
+    served keeps no executable (program_cache)."""
+    import threading
+
     import jax
     _on(monkeypatch, tmp_path)
+    reads, read = [], program_cache._read
+
+    def spied(path, *load):
+        reads.append((path.suffix, threading.current_thread() is threading.main_thread()))
+        return read(path, *load)
+    monkeypatch.setattr(program_cache, "_read", spied)
 
     def check(events):
         legs._ROUNDING_MODELS.clear()
         program_cache._SHARED.clear()
+        program_cache._GROUPS.clear()
         legs._oracle_functions.cache_clear()
-        del events[:]
+        del events[:], reads[:]
         report = layer_check(BY_NAME["mha"], np.float64).run()
         return report, [e for e in events if e.endswith(("jaxpr_to_mlir_module_duration",
                                                          "backend_compile_duration"))]
@@ -134,6 +147,12 @@ def test_a_check_run_before_lowers_and_compiles_nothing(monkeypatch, tmp_path):
     assert made and not later, later
     # the same compiled code on the same inputs in one process: the same report, to the digit
     assert first.ok and str(again) == str(first)
+    executables = _programs(tmp_path, program_cache.EXECUTABLE)
+    (group,) = _programs(tmp_path, program_cache.GROUP)
+    assert sorted(group.read_text().split()) == sorted(p.name for p in executables)
+    assert sorted(reads) == sorted([(program_cache.GROUP, True)]
+                                   + [(program_cache.EXECUTABLE, False)] * len(executables))
+    assert not program_cache._AHEAD  # each one loaded ahead was taken by its program
 
 
 def _programs(tmp_path, suffix):
