@@ -10,7 +10,7 @@ PY     := $(VENV)/bin/python
 XDIST  := -n 2 --dist worksteal
 STAMP  := $(VENV)/.installed
 
-.PHONY: test test-alt test-slow test-all run checks bench clean docs deps-newest
+.PHONY: test test-alt test-slow test-all run checks bench peers clean docs deps-newest
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -48,3 +48,9 @@ docs: $(STAMP)          # the example output in README.md and docs/, recomputed
 
 bench: $(STAMP)
 	$(PY) -m experiments bench
+
+# PyTorch for the bench's peers and the checker-cost's gradcheck: the tested CPU build
+# (constraints.txt pins torch's +cpu release, which only PyTorch's own index holds)
+peers: $(STAMP)
+	$(PY) -m pip install -q -c constraints.txt -e ".[peers]" \
+		--extra-index-url https://download.pytorch.org/whl/cpu
