@@ -50,7 +50,8 @@ bench: $(STAMP)
 	$(PY) -m experiments bench
 
 # PyTorch for the bench's peers and the checker-cost's gradcheck: the tested CPU build
-# (constraints.txt pins torch's +cpu release, which only PyTorch's own index holds)
+# (constraints.txt pins torch's +cpu build, which PyPI does not serve: PyTorch publishes its
+# CPU builds on its own index)
 peers: $(STAMP)
 	$(PY) -m pip install -q -c constraints.txt -e ".[peers]" \
 		--extra-index-url https://download.pytorch.org/whl/cpu
