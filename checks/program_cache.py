@@ -30,8 +30,7 @@ under its oracle's name (``read_ahead``), and a later process starts loading the
 soon as it builds that oracle, beside the oracle's tracing: 0.42 s (0.36-0.45) against 0.46 s
 (0.35-0.55), the medians of ten alternating processes each on the same machine; ``python -m
 checks`` (every row, float64 and float32) in a later process 11.9-12.1 s against 14.6-15.3 s
-(three alternating runs each; 46.8 s from empty caches).  Two kinds of
-program keep no
+(three alternating runs each; 46.8 s from empty caches).  Two kinds of program keep no
 executable: one that calls a library through a custom call (LAPACK on the CPU: the process must
 set the library up first, which lowering its traced program does), and one whose compilation
 JAX read from its own cache (such an executable serializes without its compiled functions, and
@@ -326,9 +325,14 @@ def _prune(folder: pathlib.Path, max_bytes: int = MAX_BYTES):
 # builds the same group starts loading them on one thread at once, beside its own work (the
 # finite differences, the oracle's run), and a program takes its executable from there.
 
-_AHEAD: dict = {}            # executable's path -> future of its loaded program (or None)
-_GROUPS: dict = {}           # group's file -> the executables it lists, as this process knows
-_READER: list = []           # the one thread that reads ahead, made on first use
+_AHEAD: dict = {}   # executable's path -> future of its loaded program (None: unreadable)
+_GROUPS: dict = {}  # group's file -> the executables it lists, as this process knows them
+
+
+@functools.cache
+def _reader() -> concurrent.futures.ThreadPoolExecutor:
+    """The one thread that reads ahead, made on first use."""
+    return concurrent.futures.ThreadPoolExecutor(1, "gradlab-read-ahead")
 
 
 def _group_file(group: str | None) -> pathlib.Path | None:
@@ -347,12 +351,10 @@ def read_ahead(group: str | None):
     _GROUPS[path] = listed or []
     if not listed:
         return
-    if not _READER:
-        _READER.append(concurrent.futures.ThreadPoolExecutor(1, "gradlab-read-ahead"))
     for name in listed:
         executable = path.parent / name
         if executable not in _AHEAD:
-            _AHEAD[executable] = _READER[0].submit(_read, executable, _load_executable)
+            _AHEAD[executable] = _reader().submit(_read, executable, _load_executable)
 
 
 def _note(group: str | None, executable: pathlib.Path):

@@ -17,13 +17,12 @@ compilation and a peak is that process's own maximum resident memory (``ru_maxrs
   (tracing and compiling the oracle and the rounding model) and of a second one reading what
   the first wrote (the figure the table's other columns, the stages and the target are of: a
   check run again, as a user's test suite runs it), the larger of their peak memories, both
-  verdicts and the
-  machine's load average (1 min) before and after.  Both in a cache folder of their own, so
-  the figures do not depend on what the user's cache holds.  The large check runs again with
-  its kinks' moves run
-  whether needed or not (KINKS_RUN; a passing check defers them: ``checks.engine``), so the
-  table shows what deferring saves.  A child whose resident memory passes MEMORY_CAP or whose
-  time passes TIME_CAP is stopped (the machine is shared) and reported so.
+  verdicts and the machine's load average (1 min) before and after.  Both in a cache folder
+  of their own, so the figures do not depend on what the user's cache holds.  The large check
+  runs again with its kinks' moves run whether needed or not (KINKS_RUN; a passing check
+  defers them: ``checks.engine``), so the table shows what deferring saves.  A child whose
+  resident memory passes MEMORY_CAP or whose time passes TIME_CAP is stopped (the machine is
+  shared) and reported so.
 * the machine's XLA float64 product rate: the rounding model's runs are float64 XLA programs.
 
 ``python -m experiments.checker_cost [--no-peers] [--no-layer]`` prints the tables alone.

@@ -13,7 +13,8 @@ import math
 
 import numpy as np
 
-INSTALL_HINT = "PyTorch not installed: make peers (the tested CPU build), or pip install -e '.[peers]'"
+INSTALL_HINT = ("PyTorch not installed: make peers (the tested CPU build), "
+                "or pip install -e '.[peers]'")
 
 
 def available() -> bool:
