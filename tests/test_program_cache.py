@@ -245,33 +245,58 @@ def _compiled_twice(monkeypatch, tmp_path, f, x, key):
     return got, hits
 
 
-def test_an_executable_read_from_jaxs_cache_is_not_kept(monkeypatch, tmp_path):
+def _loaded_without_compiling(f, key, x):
+    """f's values from a later process's jit of key, and whether it traced, lowered or
+    compiled anything (it should load the kept executable)."""
+    with _compile_events() as events:
+        got = _later_jit(f, key)(x)
+    steps = ("jaxpr_trace_duration", "jaxpr_to_mlir_module_duration", "backend_compile_duration")
+    return got, [e for e in events if e.endswith(steps)]
+
+
+def test_a_program_jaxs_cache_served_is_compiled_here_once_and_kept(monkeypatch, tmp_path):
     """JAX's compilation cache hands back an executable that serializes without its compiled
-    functions (a process loading it fails): a program whose compilation was such a read keeps
-    its traced program only, and the next process reads that and computes the right values."""
+    functions (a process loading it fails).  A program whose compilation was such a read (JAX's
+    cache holds it from before a change of this package) is compiled once more with JAX's cache
+    set aside and that executable is kept: the next process loads it, traces, lowers and
+    compiles nothing, and computes the right values.  JAX's cache is in use again after."""
+    import jax
     f = lambda x: jnp.exp(jnp.sin(x)) @ x.T
     x = np.random.default_rng(2).standard_normal((4, 4))
     want = np.exp(np.sin(x)) @ x.T
     got, hits = _compiled_twice(monkeypatch, tmp_path, f, x, "test:hit")
     assert program_cache._CACHE_HITS[0] > hits, "the second compilation should be JAX's read"
-    assert _programs(tmp_path, ".jaxexp") and not _programs(tmp_path, ".jaxexe")
-    again = _later_jit(f, "test:hit")(x)
+    assert _programs(tmp_path, ".jaxexp") and _programs(tmp_path, ".jaxexe")
+    again, steps = _loaded_without_compiling(f, "test:hit", x)
+    assert not steps, steps
     np.testing.assert_allclose(np.asarray(got), want, rtol=RTOL)
     np.testing.assert_allclose(np.asarray(again), want, rtol=RTOL)
+    # the cache set aside for that one compilation only: a third folder's compilation of the
+    # same program is JAX's read again (and is compiled here once more, as above)
+    monkeypatch.setattr(jax_cache, "programs_folder", lambda: tmp_path / "third")
+    hits = program_cache._CACHE_HITS[0]
+    _later_jit(f, "test:hit")(x)
+    assert jax.config.jax_enable_compilation_cache and program_cache._CACHE_HITS[0] > hits
 
 
 def test_an_executable_that_cannot_run_is_compiled_again(monkeypatch, tmp_path):
     """An executable that loads but fails to run (kept from JAX's cache, as it was before the
-    rule above) is deleted, and the program compiled again from its traced form."""
+    rule above) is deleted, and the program compiled again from its traced form, here: the
+    next process loads that one and runs it."""
     monkeypatch.setattr(program_cache, "_CACHE_HITS", _NeverCounted([0]))
     f = lambda x: jnp.cosh(x) * x[::-1]
     x = np.linspace(-1.0, 1.0, 9)
     _compiled_twice(monkeypatch, tmp_path, f, x, "test:broken-run")
     [kept] = _programs(tmp_path, ".jaxexe")
-    monkeypatch.setattr(program_cache, "_CACHE_HITS", [0])  # the rule back: the compilation
-    np.testing.assert_allclose(np.asarray(_later_jit(f, "test:broken-run")(x)),  # again
-                               np.cosh(x) * x[::-1], rtol=RTOL)  # is JAX's read: nothing kept
-    assert program_cache._CACHE_HITS[0] == 1 and not kept.exists()
+    broken = kept.read_bytes()
+    monkeypatch.setattr(program_cache, "_CACHE_HITS", [0])  # the rule back
+    np.testing.assert_allclose(np.asarray(_later_jit(f, "test:broken-run")(x)),
+                               np.cosh(x) * x[::-1], rtol=RTOL)
+    assert program_cache._CACHE_HITS[0] == 1  # compiled again: JAX's read, then here
+    assert kept.read_bytes() != broken
+    again, steps = _loaded_without_compiling(f, "test:broken-run", x)
+    assert not steps, steps
+    np.testing.assert_allclose(np.asarray(again), np.cosh(x) * x[::-1], rtol=RTOL)
 
 
 def test_a_check_takes_the_oracles_values_from_the_models_exact_run(monkeypatch):
