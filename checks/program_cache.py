@@ -208,16 +208,15 @@ class jit:
             compiled = lowered.compile()
         except Exception:  # noqa: BLE001  (the call itself says what is wrong)
             return program
-        here = _CACHE_HITS[0] == hits  # compiled here, not read from JAX's cache
-        if not here and _keepable(compiled):
-            # JAX's cache served it (its cache holds the program from before a change of this
-            # package, or of the programs' folder): such an executable cannot be kept, so the
-            # program is compiled here once, and later processes load the one kept
-            again = _compiled_here(lowered)
-            if again is not None:
-                compiled, here = again, True
-        if here:
-            _write_executable(executable, compiled)
+        kept = None
+        if _keepable(compiled):  # the program's text read once, for both cases below
+            # compiled here, or served by JAX's cache (its cache holds the program from before
+            # a change of this package, or of the programs' folder): such an executable cannot
+            # be kept, so the program is compiled here once, and later processes load that one
+            kept = compiled if _CACHE_HITS[0] == hits else _compiled_here(lowered)
+        if kept is not None:
+            compiled = kept
+            _write_executable(executable, kept)
             if executable.exists():
                 _note(self.group, executable)
         _prune(folder)
@@ -279,11 +278,10 @@ def _keepable(compiled) -> bool:
 
 
 def _write_executable(path: pathlib.Path, compiled):
-    """Keep a compiled program for a later process, where it can load it (``_keepable``)."""
+    """Keep a compiled program for a later process (one ``_keepable`` says it can load)."""
     from jax.experimental.serialize_executable import serialize
     try:
-        if _keepable(compiled):
-            _write(path, pickle.dumps(serialize(compiled)))
+        _write(path, pickle.dumps(serialize(compiled)))
     except Exception:  # noqa: BLE001  (not serializable here: the traced program is kept)
         pass
 

@@ -207,7 +207,7 @@ def measure(peers: bool = True, layer_sizes=LAYER_SIZES, model_sizes=MODEL_SIZES
         for name, sizes in model_sizes.items():
             first = in_child("model_check_cost", env, sizes=sizes)
             model[name] = in_child("model_check_cost", env, sizes=sizes)
-            model[name]["first_seconds"] = first.get("seconds", float("nan"))
+            model[name]["first_seconds"] = first.get("seconds")  # None: the first failed ("-")
             if "peak_bytes" in model[name]:  # the larger peak of the two: compiling takes memory
                 model[name]["peak_bytes"] = max(model[name]["peak_bytes"],
                                                 first.get("peak_bytes", 0))

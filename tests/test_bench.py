@@ -208,10 +208,17 @@ def test_the_model_figures_come_from_their_own_caches_first_empty_then_filled(mo
     monkeypatch.setattr(checker_cost, "in_child", child)
     import experiments.timing
     monkeypatch.setattr(experiments.timing, "xla_matmul_rate", lambda dtype: 1.0)
+    monkeypatch.setenv("GRADLAB_JAX_CACHE", "/the/users/cache")
     cost = checker_cost.measure(layer_sizes={}, model_sizes={"large": {}}, kinks_run=False)
-    assert len(calls) == 2 and calls[0] == calls[1]
+    assert len(calls) == 2 and calls[0] == calls[1] != "/the/users/cache"
     assert cost["model"]["large"] == {"seconds": 20.0, "first_seconds": 40.0,
                                       "peak_bytes": 3 * 2 ** 30, "ok": True}
+    # a first process that fails a correct model fails the figure, though the second passes
+    passed = child
+    monkeypatch.setattr(checker_cost, "in_child", lambda function, env=None, **kw: dict(
+        passed(function, env, **kw), ok=len(calls) % 2 == 0))
+    cost = checker_cost.measure(layer_sizes={}, model_sizes={"large": {}}, kinks_run=False)
+    assert cost["model"]["large"]["ok"] is False
 
 
 def test_a_failing_model_row_names_its_failing_tensors():
