@@ -10,7 +10,9 @@ Measures, after warm-up, medians over interleaved repeats:
   warm, with and without the persistent compilation cache, against torch.autograd.gradcheck and
   jax.test_util.check_grads, and the whole-model check's time and peak memory at two sizes;
 - the time of the sqrt(d) study.
-Absolute times drift on shared machines; the ratios are the result.  The header says what they
+Absolute times drift on shared machines; the ratios are the result, each with its 95 %
+interval over the interleaved loop's rounds (timing.median_ratio_interval), and a target is met
+when the intervals lie on its side.  The header says what they
 were measured on (timing.environment): the BLAS library and kernel, threads, JAX and PyTorch.
 With OPENBLAS_CORETYPE (or OPENBLAS_L2_SIZE) set, a warning says so and the training steps are
 timed a second time in a process without them, so the ratios under both settings are shown.
@@ -219,7 +221,8 @@ def step_row(config, xp, name):
         candidates.update(peers)
     candidates["matmul"], mm_flops = timing.matmul(xp, np.float32)  # the rate, in the same loop
     with timing.blas_threads(config.threads):
-        t = timing.compare(candidates, repeats=config.repeats, warmup=config.warmup)
+        samples = timing.compare_samples(candidates, repeats=config.repeats, warmup=config.warmup)
+        t = {name: float(np.median(ts)) for name, ts in samples.items()}
         faults = timing.minor_faults()
         for _ in range(FAULT_STEPS):
             step()
@@ -229,6 +232,10 @@ def step_row(config, xp, name):
             "size": name, "lab_ms": 1e3 * t["lab"], "jax_ms": 1e3 * t["jax"],
             "ratio": t["lab"] / t["jax"], "flops": flops, "lab_flops_per_s": flops / t["lab"],
             "matmul_flops_per_s": mm_flops / t["matmul"], "lab_faults_per_step": faults,
+            "repeats": config.repeats,  # 95 % intervals over the loop's rounds (timing.CONFIDENCE)
+            "ratio_interval": timing.median_ratio_interval(samples["lab"], samples["jax"]),
+            "rate_share_interval": tuple(flops / mm_flops * v for v in timing.median_ratio_interval(
+                samples["matmul"], samples["lab"])),
             "peers_ms": {k: 1e3 * v for k, v in t.items() if k not in ("lab", "jax", "matmul")},
             "peer_notes": notes}
 
@@ -317,8 +324,28 @@ def format_steps(steps) -> str:
     return "\n".join(lines)
 
 
+def _verdict(r, most, rate) -> str:
+    """'met' when the intervals (timing.median_ratio_interval) lie on the target's side,
+    'NOT met' when a median misses it, and otherwise 'met by the medians only' (the loop's own
+    noise reaches past the target).  A row without intervals is judged by its medians."""
+    frac = r["lab_flops_per_s"] / r["matmul_flops_per_s"]
+    if r["ratio"] > most or (rate is not None and frac < rate):
+        return "NOT met"
+    worst_ratio = r.get("ratio_interval", (r["ratio"],) * 2)[1]
+    worst_share = r.get("rate_share_interval", (frac,) * 2)[0]
+    if worst_ratio <= most and (rate is None or worst_share >= rate):
+        return "met"
+    return "met by the medians only (their intervals reach past the target)"
+
+
+def _with_interval(value, interval, fmt) -> str:
+    return (f"{value:{fmt}}" if interval is None else
+            f"{value:{fmt}} [{interval[0]:{fmt}}, {interval[1]:{fmt}}]")
+
+
 def target_lines(steps) -> list:
-    """Whether each size meets its target, and what bounds it when it does not."""
+    """Whether each size meets its target (``_verdict``), with the intervals of its figures,
+    and what bounds it when it does not."""
     lines = []
     for r in steps:
         if r["size"] not in TARGETS:
@@ -326,10 +353,14 @@ def target_lines(steps) -> list:
         most, rate = TARGETS[r["size"]]
         frac = r["lab_flops_per_s"] / r["matmul_flops_per_s"]
         floor_ms = 1e3 * r["flops"] / r["matmul_flops_per_s"]
-        ok = r["ratio"] <= most and (rate is None or frac >= rate)
+        verdict = _verdict(r, most, rate)
+        ok = verdict == "met"
         want = f"lab/jax <= {most}" + (f" at >= {rate:.0%} of the matmul rate" if rate else "")
-        line = (f"target {r['size']}: {want}: {'met' if ok else 'NOT met'} "
-                f"(lab/jax {r['ratio']:.2f}, {frac:.0%} of the matmul rate")
+        line = (f"target {r['size']}: {want}: {verdict} "
+                f"(lab/jax {_with_interval(r['ratio'], r.get('ratio_interval'), '.2f')}, "
+                f"{_with_interval(frac, r.get('rate_share_interval'), '.0%')} of the matmul rate"
+                + (f"; {timing.CONFIDENCE:.0%} intervals over the loop's {r['repeats']} rounds"
+                   if "ratio_interval" in r else ""))
         if not ok:
             line += (f"; bound: the floor is {floor_ms:.2f} ms = {floor_ms / r['jax_ms']:.2f} of "
                      f"jax's step and the lab takes {r['lab_ms'] / floor_ms:.1f}x the floor: its "

@@ -28,8 +28,9 @@ def sync(value):
     return value
 
 
-def compare(candidates: dict, *, repeats: int = 20, warmup: int = 3) -> dict:
-    """Median seconds of each zero-argument callable, measured round-robin in one loop.
+def compare_samples(candidates: dict, *, repeats: int = 20, warmup: int = 3) -> dict:
+    """Seconds of every repeat of each zero-argument callable, measured round-robin in one loop:
+    {name: (repeats,) array}, index i of every array from the same round.
 
     Interleaving makes slow drifts of a shared machine hit every candidate alike, so the ratios
     between candidates are what this measures best.
@@ -43,7 +44,34 @@ def compare(candidates: dict, *, repeats: int = 20, warmup: int = 3) -> dict:
             start = time.perf_counter()
             sync(fn())
             times[name].append(time.perf_counter() - start)
-    return {name: float(np.median(ts)) for name, ts in times.items()}
+    return {name: np.asarray(ts) for name, ts in times.items()}
+
+
+def compare(candidates: dict, *, repeats: int = 20, warmup: int = 3) -> dict:
+    """Median seconds of each candidate of ``compare_samples``."""
+    samples = compare_samples(candidates, repeats=repeats, warmup=warmup)
+    return {name: float(np.median(ts)) for name, ts in samples.items()}
+
+
+CONFIDENCE = 0.95  # of the intervals the bench prints beside its ratios
+
+
+def median_ratio_interval(a, b, confidence: float = CONFIDENCE, seed: int = 0) -> tuple:
+    """The interval of median(a) / median(b) over the rounds of one interleaved loop
+    (``compare_samples``): a percentile bootstrap (scipy.stats.bootstrap) that resamples whole
+    rounds, so each resample keeps a and b from the same moments of the machine.  It says how
+    far the loop's own noise moves the ratio; a drift between runs (another hour, another
+    machine) is not in it."""
+    from scipy import stats
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    if len(a) < 3:  # nothing to resample: the interval is the estimate
+        ratio = float(np.median(a) / np.median(b))
+        return ratio, ratio
+    found = stats.bootstrap((a, b), lambda x, y, axis=-1: np.median(x, axis=axis) /
+                            np.median(y, axis=axis), paired=True, vectorized=True,
+                            confidence_level=confidence, n_resamples=2000, method="percentile",
+                            random_state=np.random.default_rng(seed))
+    return float(found.confidence_interval.low), float(found.confidence_interval.high)
 
 
 @contextlib.contextmanager

@@ -1,6 +1,7 @@
 """The benchmark's plumbing (its numbers are ratios measured by `make bench`, never asserted)."""
 import os
 
+import numpy as np
 import pytest
 
 from experiments import bench, timing
@@ -12,6 +13,51 @@ def test_compare_measures_every_candidate_round_robin():
                              repeats=3, warmup=1)
     assert set(medians) == {"a", "b"} and all(m >= 0 for m in medians.values())
     assert calls == ["a", "b"] + ["a", "b"] * 3  # warm-up, then interleaved repeats
+
+
+def test_compare_samples_keeps_every_round_and_compare_is_their_median():
+    samples = timing.compare_samples({"a": lambda: None, "b": lambda: sum(range(1000))},
+                                     repeats=5, warmup=0)
+    assert {k: v.shape for k, v in samples.items()} == {"a": (5,), "b": (5,)}
+    assert all((v >= 0).all() for v in samples.values())
+
+
+def test_the_ratio_interval_resamples_whole_rounds():
+    """A candidate that takes exactly twice the other's time in every round has the ratio 2
+    in every resample of whole rounds, however much the rounds differ (a drift that hits both
+    alike); independent noise of 20 % per sample widens the interval, which holds the median's
+    ratio and the true one."""
+    rng = np.random.default_rng(3)
+    b = rng.uniform(1.0, 3.0, 30)                                  # rounds drift by 3x
+    low, high = timing.median_ratio_interval(2 * b, b)
+    assert low == pytest.approx(2.0, rel=1e-12) and high == pytest.approx(2.0, rel=1e-12)
+    b = rng.uniform(0.9, 1.1, 30)
+    a = 2 * b * rng.normal(1.0, 0.2, 30)
+    low, high = timing.median_ratio_interval(a, b)
+    assert low < np.median(a) / np.median(b) < high and low < 2.0 < high
+    assert 0.05 < high - low < 0.6                                 # about 4 x 0.2 x 2 / sqrt(30)
+    assert timing.median_ratio_interval(a, b) == (low, high)       # seeded: the same each run
+
+
+def _step(size, ratio, ratio_interval, share=0.2, share_interval=(0.19, 0.21)):
+    """A step row as step_row writes it, with the lab at `share` of the matmul rate."""
+    return {"size": size, "ratio": ratio, "ratio_interval": ratio_interval, "repeats": 30,
+            "lab_flops_per_s": share * 1e11, "matmul_flops_per_s": 1e11, "flops": 1e9,
+            "lab_ms": 10.0, "jax_ms": 10.0 / ratio, "rate_share_interval": share_interval}
+
+
+@pytest.mark.parametrize("row, verdict", [
+    (_step("article", 0.45, (0.43, 0.48)), "met ("),
+    (_step("article", 0.55, (0.45, 0.60)), "NOT met ("),
+    (_step("article", 0.48, (0.46, 0.53)), "met by the medians only"),
+    (_step("large", 0.70, (0.68, 0.72), 0.85, (0.82, 0.88)), "met ("),
+    (_step("large", 0.70, (0.68, 0.72), 0.77, (0.70, 0.84)), "NOT met ("),
+    (_step("large", 0.70, (0.68, 0.72), 0.83, (0.78, 0.88)), "met by the medians only")])
+def test_a_target_is_met_when_its_intervals_are_on_its_side(row, verdict):
+    line = bench.target_lines([row])[0]
+    assert f": {verdict}" in line, line
+    assert f"lab/jax {row['ratio']:.2f} [{row['ratio_interval'][0]:.2f}, " in line
+    assert "95% intervals over the loop's 30 rounds" in line
 
 
 @pytest.mark.parametrize("field, value, message", [
