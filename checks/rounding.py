@@ -458,9 +458,8 @@ class RoundingModel:
                                 np.log2(low), np.log2(high)))
         total = None
         for start in range(0, len(where), size):
-            batch = where[start:start + size]
-            batch += [batch[0]] * (size - len(batch))
-            masks = [np.zeros((size, f.size), bool) for f in flips]
+            batch = where[start:start + size]  # a short last batch is padded with empty masks,
+            masks = [np.zeros((size, f.size), bool) for f in flips]  # which move nothing
             for k, (p, i) in enumerate(batch):
                 masks[p][k, i] = True
             masks = [m.reshape((size,) + f.shape) for m, f in zip(masks, flips)]
@@ -493,7 +492,7 @@ class RoundingModel:
         each = self._each_flip(flat, flips)
         moved, n = self._moves_run(flat, flips, 0 if each is not None else SUBSETS)
         moved = [np.asarray(m, np.float64) for m in moved]
-        if each is not None:  # (a padded batch counts its first flip again: a bound still)
+        if each is not None:
             moved = [np.maximum(m, e) for m, e in zip(moved, each)]
         return jax.tree_util.tree_unflatten(tree, moved), int(n)
 

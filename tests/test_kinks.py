@@ -220,3 +220,38 @@ def test_a_check_failing_beside_agreeing_gradients_is_judged_with_the_kinks_move
     # the legs again along the same finite-difference directions: the same measurements
     assert [t.hand_vs_fd for t in deferred.tensors] == [t.hand_vs_fd for t in run.tensors]
     assert [str(n) for n in deferred.notes] == [str(n) for n in run.notes]
+
+
+def test_the_one_by_one_bound_sums_each_flip_once():
+    """Where the flips are moved one at a time (``RoundingModel._each_flip``), the bound is the
+    sum over the flips of |move of that flip alone|, each flip counted once: equal, element by
+    element, to the same sum from separate exact runs with one flip each.  (A short last batch
+    was once padded with copies of its first flip, which counted that flip up to 127 more
+    times: the whole model's moves in float16 at the registry's size came out 100 times too
+    large, and no whole-tensor error up to 1 was caught there.)"""
+    import jax
+    from checks.engine import LayerCheck
+    from checks.rounding import _Noise
+    x, p = _ff_at_kink(np.float32, 1e-7)
+    check = LayerCheck(kernels.ff_forward, kernels.ff_backward, reference.ff, [x], p,
+                       input_names=["x"])
+    check.run()
+    model, args = check.ref._model(check.dout64)
+    flat = jax.tree_util.tree_leaves(args)
+    _, flips = model.spread_and_flips(args, check.seed, check._kink_us())
+    where = [(k, i) for k, f in enumerate(flips) for i in np.flatnonzero(f)]
+    assert 1 <= len(where) < 16  # fewer than one batch: the batch is padded
+    exact = [np.asarray(e, np.float64) for e in model._eval(flat, _Noise("exact", None))]
+    alone = [np.zeros_like(e) for e in exact]
+    for k, i in where:
+        mask = [np.zeros(f.shape, bool) for f in flips]
+        mask[k].reshape(-1)[i] = True
+        run = model._eval(flat, _Noise("exact", None, flips=mask))
+        alone = [a + np.abs(np.asarray(r, np.float64) - e) for a, r, e in zip(alone, run, exact)]
+    each = [np.asarray(m, np.float64) for m in model._each_flip(flat, flips)]
+    assert max(float(np.max(a)) for a in alone) > 1e-3  # the flips move something
+    # the batched (vmapped) and the single runs are compiled apart: they agree to float64's
+    # rounding of the program's values (1e-13 seen here), 1e-12 of each output's largest
+    # magnitude, far below the moves; a flip counted twice would double its elements' moves
+    for a, m, e in zip(alone, each, exact):
+        np.testing.assert_allclose(m, a, rtol=1e-9, atol=1e-12 * max(1.0, float(np.max(np.abs(e)))))

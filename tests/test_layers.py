@@ -13,15 +13,10 @@ from checks.sensitivity import KNOWN_GAPS as GAPS, measure
 DTYPES = [np.float64, np.float32, np.float16, np.dtype("bfloat16")]
 
 
-# Known gap, measured, not hidden: since the inputs are the lab's initialisation (nothing placed away
-# from leaky ReLU's kink), the whole model at the registry's tiny widths (D 6, F 8) in half
-# precision has pre-activations within rounding of the kink; the checker widens those elements'
-# tolerances by the move a branch flip makes (checks/rounding.py), and a whole-tensor error is then
-# not caught even at a factor of 2 in either format (goals 0.1 in float16, 1 in bfloat16).  The
-# verdicts stay right; the sensitivity goal is missed.  The test still runs
-# every other assertion and is reported as xfailed while the gap lasts (docs/half-precision.md).
-# The gaps, with the float32 ones of the aggregate test's goals, are named in one place:
-# checks.sensitivity.KNOWN_GAPS.
+# Known gaps, measured, not hidden: the goals the checker misses are named in one place,
+# checks.sensitivity.KNOWN_GAPS (the whole model's float32 whole-tensor goal at the
+# registry's size); a row with a named gap still runs every other assertion and is reported as
+# xfailed while the gap lasts.
 KNOWN_GAPS = {(layer, dtype, pattern) for layer, dtype, sizes, pattern in GAPS
               if sizes == "registry"}
 
@@ -54,9 +49,7 @@ def test_layer_gradients(row, dtype, xp):
             continue
         assert s.met is not False, f"{s.pattern}: {s.eps:.1e} caught at {s.where}, goal {s.goal}"
     if gaps:
-        pytest.xfail("known sensitivity gap (checks.sensitivity.KNOWN_GAPS, or the unplaced "
-                     "half-precision model): "
-                     + "; ".join(gaps))
+        pytest.xfail("known sensitivity gap (checks.sensitivity.KNOWN_GAPS): " + "; ".join(gaps))
 
 
 @pytest.mark.slow  # the whole model's oracle and rounding model compiled
