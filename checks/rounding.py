@@ -458,8 +458,9 @@ class RoundingModel:
                                 np.log2(low), np.log2(high)))
         total = None
         for start in range(0, len(where), size):
-            batch = where[start:start + size]  # a short last batch is padded with empty masks,
-            masks = [np.zeros((size, f.size), bool) for f in flips]  # which move nothing
+            batch = where[start:start + size]
+            # a short last batch is padded with empty masks, which move nothing
+            masks = [np.zeros((size, f.size), bool) for f in flips]
             for k, (p, i) in enumerate(batch):
                 masks[p][k, i] = True
             masks = [m.reshape((size,) + f.shape) for m, f in zip(masks, flips)]
