@@ -203,13 +203,11 @@ def trained_regime(rng, config):
     return out
 
 
-def median_ratio(a, b, rng, resamples=200):
+def median_ratio(a, b, rng):
     """median(a) / median(b) for rows measured on the same draws (paired), and its bootstrap
-    standard error, the rows resampled together."""
-    ratio = float(np.median(a) / np.median(b))
-    idx = rng.integers(0, len(a), (resamples, len(a)))                  # (resamples, R)
-    boot = np.median(a[idx], axis=1) / np.median(b[idx], axis=1)        # (resamples,)
-    return ratio, float(boot.std(ddof=1))
+    standard error, the rows resampled together (``common.median_ratio``)."""
+    ratio, _, se = common.median_ratio(a, b, seed=rng)
+    return ratio, se
 
 
 def race_pairs(race, d, budget):

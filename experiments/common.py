@@ -208,6 +208,26 @@ def median_se(values):
     return float(np.median(a)), float((a[hi] - a[lo]) / 2)
 
 
+def median_ratio(a, b, *, seed=0, confidence=0.95, resamples=2000):
+    """median(a) / median(b) of paired rows (a[i] and b[i] from the same draw, or the same round
+    of a timing loop), its percentile bootstrap interval at ``confidence`` and its bootstrap
+    standard error: (ratio, (low, high), se).  scipy.stats.bootstrap with paired=True resamples
+    whole pairs, so whatever a pair shares (its draw, its moment of a drifting machine) stays
+    together.  Fewer than 3 pairs: nothing to resample, the interval is the estimate and the
+    standard error nan.  seed: an int or a numpy Generator."""
+    from scipy import stats
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    ratio = float(np.median(a) / np.median(b))
+    if len(a) < 3:
+        return ratio, (ratio, ratio), math.nan
+    found = stats.bootstrap((a, b), lambda x, y, axis=-1: np.median(x, axis=axis) /
+                            np.median(y, axis=axis), paired=True, vectorized=True,
+                            confidence_level=confidence, n_resamples=resamples,
+                            method="percentile", random_state=np.random.default_rng(seed))
+    interval = found.confidence_interval
+    return ratio, (float(interval.low), float(interval.high)), float(found.standard_error)
+
+
 def fit_slope(x, y):
     """Least-squares slope of y on x, its standard error from the residuals, and the degrees of
     freedom (len - 2; the SE is 0 with two points)."""

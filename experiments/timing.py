@@ -58,20 +58,12 @@ CONFIDENCE = 0.95  # of the intervals the bench prints beside its ratios
 
 def median_ratio_interval(a, b, confidence: float = CONFIDENCE, seed: int = 0) -> tuple:
     """The interval of median(a) / median(b) over the rounds of one interleaved loop
-    (``compare_samples``): a percentile bootstrap (scipy.stats.bootstrap) that resamples whole
-    rounds, so each resample keeps a and b from the same moments of the machine.  It says how
-    far the loop's own noise moves the ratio; a drift between runs (another hour, another
-    machine) is not in it."""
-    from scipy import stats
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    if len(a) < 3:  # nothing to resample: the interval is the estimate
-        ratio = float(np.median(a) / np.median(b))
-        return ratio, ratio
-    found = stats.bootstrap((a, b), lambda x, y, axis=-1: np.median(x, axis=axis) /
-                            np.median(y, axis=axis), paired=True, vectorized=True,
-                            confidence_level=confidence, n_resamples=2000, method="percentile",
-                            random_state=np.random.default_rng(seed))
-    return float(found.confidence_interval.low), float(found.confidence_interval.high)
+    (``compare_samples``): a percentile bootstrap that resamples whole rounds
+    (``common.median_ratio``), so each resample keeps a and b from the same moments of the
+    machine.  It says how far the loop's own noise moves the ratio; a drift between runs
+    (another hour, another machine) is not in it."""
+    from experiments import common
+    return common.median_ratio(a, b, seed=seed, confidence=confidence)[1]
 
 
 @contextlib.contextmanager
