@@ -34,7 +34,7 @@ from checks.diagnosis import Context, constants_from, diagnose, locate
 from checks.evidence import blame, examine, pick
 from checks.legs import FD_JOINT_TENSORS, FiniteDifferences, Joint, Measured, Oracle, normwise
 from checks.report import Report, TensorResult, format_table, reports_to_json  # noqa: F401
-from checks.rounding import Unsupported
+from checks.rounding import Unsupported, roundoffs
 from checks.signature import in_format, precision_change
 from checks.verdict import BLAMES_ORACLE, Finding, Kind, Note, Verdict
 from kernels.backend import to_numpy
@@ -348,10 +348,10 @@ class LayerCheck:
         if spread is None or spread.bias is None:
             return None
         fmt = max(self.u, self.u_forward[0])
-        roundoffs = (self.u_forward, self.u_backward, self.u_inputs)
+        us = (self.u_forward, self.u_backward, self.u_inputs)
         floor_u = max(self.u_forward + self.u_backward + (self.u_inputs,))
-        return aggregate.bands(spread.bias.at(*roundoffs, format=fmt),
-                               spread.at(*roundoffs, format=fmt), g_auto, self._moved(key),
+        return aggregate.bands(spread.bias.at(*us, format=fmt),
+                               spread.at(*us, format=fmt), g_auto, self._moved(key),
                                floor_u=floor_u, final_u=self.u, policy=self.policy,
                                tiny=self.policy.tiny(self.dtype), dtype=self.dtype)
 
@@ -578,9 +578,8 @@ class LayerCheck:
 
     def _kink_us(self):
         """The roundoffs of the kink runs, one per part of the program (``rounding.PARTS``)."""
-        fe, fs = self.u_forward
-        be, bs = self.u_backward
-        return (fe, fs, be, bs, self.u_inputs, max(self.u, fe))
+        return roundoffs(self.u_forward, self.u_backward, self.u_inputs,
+                         format=max(self.u, self.u_forward[0]))
 
     def _moved(self, key):
         """How far an element of a tensor moves with its kinks' branches flipped (0 if none)."""

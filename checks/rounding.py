@@ -45,8 +45,13 @@ same deviations projected on the exact result over the whole tensor and each sli
 A composition of layers (the whole model) marks each layer as a call named ``layer:NAME``
 (``reference.layers.BOUNDARY``).  There the model follows what a half-precision composition does
 (``kernels.precision``): inside a layer the operations round at the compute format (float32), the
-layer's outputs are rounded to the checked format, and so is every operation between layers (the
-residual sums): the sixth part, ``format``.  A program without layer calls is one kernel.
+layer's outputs are rounded to the checked format (the seventh part, ``returns``), and so is
+every operation between layers (the residual sums: the sixth part, ``format``).  What a layer
+returns was rounded already by its last operation, at the compute format: a second rounding
+happens only where the checked format is coarser (float16 or bfloat16 computed in float32), so
+``returns`` is charged the format's u there and nothing where the two are one format (a float32
+or float64 composition, whose layers' last roundings the forward part holds).  A program
+without layer calls is one kernel.
 
 Errors are linear in u to first order, so the program runs once at a simulation roundoff U_SIM
 (far above float64's own rounding, small enough to stay linear) and the spread is scaled to any
@@ -105,7 +110,7 @@ BYTES_PER_SAMPLE_ELEMENT = 16    # per sample and recorded element: its float64 
 #                                  values the program keeps beside it (broadcasts, transposes)
 LARGE_ELEMENTS = 2 ** 22         # recorded elements beyond which a program runs a sample at a time
 POOL = 2 ** 24                   # normal draws a large program's noise is sliced from (_pool_noise)
-PARTS = ("forward", "forward_sums", "backward", "backward_sums", "inputs", "format")
+PARTS = ("forward", "forward_sums", "backward", "backward_sums", "inputs", "format", "returns")
 
 EXACT = {"neg", "abs", "sign", "max", "min", "select_n", "reshape", "transpose",
          "broadcast_in_dim", "squeeze", "expand_dims", "slice", "dynamic_slice",
@@ -159,7 +164,8 @@ class Spread(NamedTuple):
     backward_sums: np.ndarray
     inputs: np.ndarray
     format: np.ndarray
-    # the same six parts for the deviations projected on the exact result, per set of
+    returns: np.ndarray
+    # the same seven parts for the deviations projected on the exact result, per set of
     # ``checks.aggregate.slice_sums`` (the whole tensor, then every slice): the rms of
     # sum_S d_i e_i, the null distribution of the aggregate test's bias (None: not computed)
     bias: "Spread | None" = None
@@ -172,8 +178,9 @@ class Spread(NamedTuple):
 
         ``forward`` and ``backward`` are u or a pair (u of results, u of sums); ``inputs`` is the
         relative rounding of the inputs (0: the kernel receives them exactly); ``format`` the
-        roundoff of what the layers of a composition return and of the operations between them
-        (default: the forward's results)."""
+        roundoff of the checked format, which the operations between the layers of a
+        composition round to, and what its layers return where it is coarser than the
+        forward's results (default: the forward's results)."""
         us = roundoffs(forward, backward, inputs, format)
         if self.roundoffs is None:
             return np.sqrt(sum((u / U_SIM * s) ** 2 for u, s in zip(us, self[:len(PARTS)])))
@@ -184,10 +191,12 @@ class Spread(NamedTuple):
 
 
 def roundoffs(forward, backward=None, inputs=0.0, format=None) -> tuple:
-    """The six roundoffs of ``Spread.at``'s arguments, in PARTS order."""
+    """The seven roundoffs of ``Spread.at``'s arguments, in PARTS order: what a layer returns
+    rounds a second time only to a format coarser than its results' (module docstring)."""
     backward = forward if backward is None else backward
     (fe, fs), (be, bs) = _pair(forward), _pair(backward)
-    return (fe, fs, be, bs, inputs, fe if format is None else format)
+    format = fe if format is None else format
+    return (fe, fs, be, bs, inputs, format, format if format > fe else 0.0)
 
 
 def _common_ratio(us, measured, used):
@@ -558,7 +567,7 @@ class RoundingModel:
                                                           for shape in shapes]
         per_part = [[np.sqrt(a / self.samples) for a in sums[part]] if part in sums else zeros
                     for part in range(len(PARTS))]
-        leaves = list(zip(*per_part))  # per output: its six parts; then per output, its bias's
+        leaves = list(zip(*per_part))  # per output: its seven parts; then per output, its bias's
         return [Spread(*(np.asarray(rms, np.float64) for rms in leaf),
                        bias=Spread(*(np.asarray(rms, np.float64) for rms in bias)))
                 for leaf, bias in zip(leaves[:len(shapes)], leaves[len(shapes):])]
@@ -601,7 +610,7 @@ class RoundingModel:
         def combined(rms, refine):
             rms = np.sqrt(np.asarray(rms, np.float64) / self.samples)
             zero = np.zeros_like(rms)
-            return Spread(rms, zero, zero, zero, zero, zero, roundoffs=us, used=self.used,
+            return Spread(rms, *[zero] * (len(PARTS) - 1), roundoffs=us, used=self.used,
                           refine=refine)
         leaves = [combined(a, lambda i=i: by_part()[i])._replace(
                       bias=combined(b, lambda i=i: by_part()[i].bias))
@@ -804,7 +813,8 @@ def _read_by_forward(jaxpr, backward_flags):
 
 def _eval(jaxpr, consts, args, backward_flags, noise, top=True, where="inside", out_read=None):
     """Evaluate a jaxpr with every rounding perturbed.  where: "inside" a kernel (parts
-    forward/backward and their sums) or "between" the layers of a composition (part format);
+    forward/backward and their sums) or "between" the layers of a composition (part format;
+    what a layer returns: part returns);
     out_read: per output, whether the caller's forward reads it (not only its backward)."""
     env, flag = {}, {}
     last_use = {}
@@ -842,7 +852,7 @@ def _eval(jaxpr, consts, args, backward_flags, noise, top=True, where="inside", 
                          out_read=[backward or v in forward_read for v in eqn.outvars])
             if layer:  # what the layer returns is rounded to the checked format; what it
                 # keeps for its backward (JAX's residuals) stays in its cache, unrounded
-                outs = [_plus(o, noise(jnp.shape(o), "format", lambda o=o: _size(o)))
+                outs = [_plus(o, noise(jnp.shape(o), "returns", lambda o=o: _size(o)))
                         if _is_float(o) and (backward or v in forward_read) else o
                         for o, v in zip(outs, eqn.outvars)]
         elif name == "scan":  # a static trip count: unrolled, every step's roundings perturbed

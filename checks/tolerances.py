@@ -146,7 +146,8 @@ class Policy:
     # per half-precision format, the formats of a kernel's (results and sums, products'
     # accumulation) inside: the lab's kernels compute in float32 and round once what they
     # return (kernels.precision), a rounding the ULPS term covers; in a composition the rounding
-    # model's format part covers the roundings between layers (checks.rounding)
+    # model's format and returns parts cover the roundings between layers and of what each
+    # layer returns (checks.rounding)
     compute: tuple = (("float16", ("float32", "float32")), ("bfloat16", ("float32", "float32")))
     # ... and of a kernel that declares no compute format: plain NumPy rounds every result and
     # sum in the format and accumulates a matrix product in float32 (kernels.precision.PLAIN)
