@@ -3,6 +3,9 @@
 ``diagnose`` compares the suspect gradient G with the trusted one R (autodiff when the hand leg
 is wrong) and tests the common bug shapes in turn, from the most specific:
 
+    cache fields exchanged  the hand backward, called again with two fields of its cache
+                            exchanged, returns the trusted gradients, every tensor (an exact
+                            test by replay, ``checks.replay``: the error itself has no shape)
     identically zero        G = 0
     wrong sign              G = -R
     scaled by a constant    G = c R, c named when it is 2, 1/2, sqrt(P), 1/(B·T), 1 - rate ...
@@ -73,6 +76,8 @@ class Context(NamedTuple):
     #                                  float64 tolerance) for a low-precision check
     other_static: Callable | None = None  # () -> [(label, trusted grads)]: the oracle's
     #                                  gradients with one static argument at another value
+    exchange: Callable | None = None  # () -> (field, field) of the hand's cache whose exchange
+    #                                  makes its backward right (checks.replay), or None
 
 
 SMALL = [(2.0, "2"), (0.5, "1/2"), (-2.0, "-2"), (-0.5, "-1/2"), (3.0, "3"), (1 / 3, "1/3"),
@@ -190,7 +195,7 @@ def diagnose(name: str, g: np.ndarray, ref: np.ndarray, ctx: Context, tol: float
                 and np.all(np.isfinite(g64)):
             g, fit = g64, FIT_FACTOR * tol64
     found = ""
-    for test in (_zero, _scaled, _transposed, _heads_mixed, _swapped, _masked, _repeated_ids,
+    for test in (_exchanged, _zero, _scaled, _transposed, _heads_mixed, _swapped, _masked, _repeated_ids,
                  _one_slice, _skip_dropped, _static_ignored, _paths, _upstream, _factor,
                  _path_per_slice, _substituted):
         found = test(name, g, ref, ctx, fit)
@@ -220,6 +225,18 @@ def _small(name, g, ref, ctx, fit):
 
 def _close(a, b, fit):
     return normwise(a, b) <= fit
+
+
+def _exchanged(name, g, ref, ctx, fit):
+    """Two fields of the hand's cache read in each other's place: the replay that exchanges
+    them makes every gradient right (``checks.replay``), an exact test where the error itself
+    has no shape."""
+    found = ctx.exchange() if ctx.exchange is not None else None
+    if not found:
+        return ""
+    a, b = found
+    return (f"the backward reads {a} and {b} in each other's place: called with the two "
+            f"exchanged, it returns autodiff's gradients, every tensor within its tolerance")
 
 
 def _zero(name, g, ref, ctx, fit):

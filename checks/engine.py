@@ -611,7 +611,9 @@ class LayerCheck:
             suspect, trusted = (g_auto, g_hand) if result.verdict.kind in BLAMES_ORACLE else \
                 (g_hand, g_auto)
             on_hand += [result] if result.verdict.kind not in BLAMES_ORACLE else []
-            result.diagnosis = diagnose(result.name, suspect, trusted, ctx,
+            # the replay of the hand with its cache exchanged speaks of the hand only
+            own = ctx if result.verdict.kind not in BLAMES_ORACLE else ctx._replace(exchange=None)
+            result.diagnosis = diagnose(result.name, suspect, trusted, own,
                                         self._fit_tol(result))
             result.difference = suspect - trusted
             result.axes = tuple(self.axes.get(result.name, ()))
@@ -648,7 +650,29 @@ class LayerCheck:
             own = rerun.cache() if rerun is not None else None
             return cached_arrays(self.cache if own is None else own)
         return dict(dtype=str(self.dtype), paths=for_oracle(self.ref, self.dout64, names, cached),
-                    other_static=self._other_static(), float64=rerun)
+                    other_static=self._other_static(), float64=rerun,
+                    exchange=self._exchange(rerun, tol64))
+
+    def _exchange(self, rerun, tol64):
+        """() -> the two fields of the hand's cache read in each other's place, or None
+        (``checks.replay``, run once on first use): the float64 run's cache against the float64
+        tolerances for a low-precision check whose kernel has a float64 path, else the check's
+        own."""
+        from checks.replay import find_exchange
+        memo = []
+
+        def found():
+            if not memo:
+                cache = rerun.cache() if rerun is not None else None
+                if cache is not None:
+                    targets = {j.name: (j.g_auto, tol64(j)) for j in self.judges.values()}
+                    dout = self.dout64
+                else:
+                    cache, dout = self.cache, _like(self.dout, self.inputs)
+                    targets = {j.name: (j.g_auto, j.tol) for j in self.judges.values()}
+                memo.append(find_exchange(self.backward_fn, cache, dout, self.names, targets))
+            return memo[0]
+        return found
 
     def _other_static(self):
         """() -> [(label, trusted gradients)] with one static argument at another value: a flag

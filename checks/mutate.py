@@ -53,6 +53,7 @@ HAND_KINDS = {Kind.HAND_WRONG, Kind.NO_GRADIENT, Kind.MISSHAPEN, Kind.NOT_FLOAT,
 WRONG_SHAPE = "the wrong shape: "
 PATTERNS = (
     (WRONG_SHAPE, "wrong shape"),
+    ("in each other's place: called with the two", "cache exchanged"),
     ("in place of the upstream gradient", "substituted gradient"),
     ("in place of the other operand", "substituted operand"),
     ("the gradient arriving at the result of", "substituted gradient"),

@@ -1,0 +1,108 @@
+"""Two cached tensors read in each other's place, named by replaying the hand backward with them
+exchanged (checks.replay).  The layer is written here, as a user would, not taken from kernels/:
+a gated unit y = (x Wa) * sigmoid(x Wb) whose cache holds the two branches a and s, of one
+shape, so a backward that unpacks them in the wrong order runs and returns wrong gradients."""
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from checks import replay
+from checks.engine import check_layer
+from checks.mutate import pattern_of
+from checks.verdict import Kind
+
+RNG = np.random.default_rng(11)
+X = RNG.standard_normal((6, 4))
+PARAMS = {"Wa": RNG.standard_normal((4, 5)), "Wb": RNG.standard_normal((4, 5))}
+
+
+class Cache(NamedTuple):
+    x: np.ndarray
+    a: np.ndarray
+    s: np.ndarray
+    Wa: np.ndarray
+    Wb: np.ndarray
+
+
+def oracle(x, params):
+    return (x @ params["Wa"]) * jax.nn.sigmoid(x @ params["Wb"])
+
+
+def forward(x, params, nested=False):
+    a = x @ params["Wa"]                                   # (N, F)
+    s = 1 / (1 + np.exp(-(x @ params["Wb"])))              # (N, F)
+    if nested:
+        return a * s, {"x": x, "branches": (a, s), "W": [params["Wa"], params["Wb"]]}
+    return a * s, Cache(x, a, s, params["Wa"], params["Wb"])
+
+
+def backward(dy, cache, *, swapped=False, nested=False, half_slope=False):
+    if nested:
+        x, (a, s), (Wa, Wb) = cache["x"], cache["branches"], cache["W"]
+        if swapped:
+            s, a = cache["branches"]
+    elif swapped:
+        x, s, a, Wa, Wb = cache                            # a and s in each other's place
+    else:
+        x, a, s, Wa, Wb = cache
+    da = dy * s                                            # (N, F)
+    dz = dy * a * s * (1 - s) * (0.5 if half_slope else 1.0)  # (N, F)
+    return da @ Wa.T + dz @ Wb.T, {"Wa": x.T @ da, "Wb": x.T @ dz}
+
+
+def run(dtype=np.float64, **bug):
+    nested = bug.get("nested", False)
+    return check_layer(lambda x, p: forward(x, p, nested=nested),
+                       lambda d, c: backward(d, c, **bug), oracle,
+                       [X.astype(dtype)], {k: v.astype(dtype) for k, v in PARAMS.items()},
+                       name="gated", input_names=("x",))
+
+
+def test_the_right_backward_passes():
+    assert run().ok and run(nested=True).ok
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_two_cached_tensors_read_in_each_others_place_are_named(dtype):
+    report = run(dtype, swapped=True)
+    failing = [t for t in report.tensors if not t.ok]
+    assert failing, str(report)
+    for t in failing:
+        assert t.verdict.kind is Kind.HAND_WRONG, str(report)
+        assert "reads cache.a and cache.s in each other's place" in t.diagnosis, t.diagnosis
+        assert pattern_of(t.diagnosis) == "cache exchanged"
+
+
+def test_a_nested_cache_is_searched_level_by_level():
+    report = run(swapped=True, nested=True)
+    failing = [t for t in report.tensors if not t.ok]
+    assert failing, str(report)
+    assert all("reads cache['branches'][0] and cache['branches'][1] in each other's place"
+               in t.diagnosis for t in failing), [t.diagnosis for t in failing]
+
+
+def test_a_bug_no_exchange_undoes_is_not_named_an_exchange():
+    """A gate's derivative at half its slope: no pair of cached tensors exchanged makes the
+    backward right, so the replay names nothing and another explanation (or none) is given."""
+    report = run(half_slope=True)
+    failing = [t for t in report.tensors if not t.ok]
+    assert failing, str(report)
+    assert not any("in each other's place" in t.diagnosis for t in failing)
+
+
+def test_exchanged_swaps_two_fields_at_any_level_and_leaves_the_cache_as_it_was():
+    a, b, c = np.zeros(2), np.ones(2), np.full(2, 2.0)
+    cache = {"top": Cache(a, b, c, a, b), "list": [a, b], "tuple": (a, (b, c))}
+    new = replay.exchanged(cache, ("top",), "a", "s")
+    assert new["top"].a is c and new["top"].s is b and cache["top"].a is b
+    new = replay.exchanged(cache, ("list",), 0, 1)
+    assert new["list"][0] is b and new["list"][1] is a and isinstance(new["list"], list)
+    new = replay.exchanged(cache, ("tuple", 1), 0, 1)
+    assert new["tuple"][1][0] is c and new["tuple"][1][1] is b and cache["tuple"][1][0] is b
+    labels = [(la, lb) for _, _, _, la, lb in replay.pairs(cache)]
+    assert ("cache['list'][0]", "cache['list'][1]") in labels
+    assert ("cache['tuple'][1][0]", "cache['tuple'][1][1]") in labels
+    assert ("cache['top'].a", "cache['top'].s") in labels
