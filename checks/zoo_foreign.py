@@ -325,7 +325,7 @@ def _bugs():
         ("RoPE: +sin instead of -sin (rotates by +theta)", ROPE,
          _rope(lambda c: c._replace(sin=-c.sin)), "x", "(`x1 * sin`) has the wrong sign"),
         ("RoPE: cos and sin swapped", ROPE, _rope(lambda c: c._replace(cos=c.sin, sin=c.cos)),
-         "x", "(`x1 * cos`) reads the constant that `x2 * sin`"),
+         "x", "reads cache.cos and cache.sin in each other's place"),
         ("RoPE: interleaved pairs in the backward of a halves forward", ROPE, _rope_interleaved,
          "x", "exact at token 0"),
         ("RoPE: angles from the model width H·P, not the head width", ROPE,
