@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import warnings
 
 import numpy as np
 
@@ -96,8 +97,10 @@ def find_exchange(backward, cache, dout, names, targets):
     if cache is None or _nbytes(cache) > MAX_CACHE_BYTES:
         return None
     for path, a, b, label_a, label_b in itertools.islice(pairs(cache), MAX_PAIRS):
-        try:
-            dinputs, dparams = backward(dout, copy.deepcopy(exchanged(cache, path, a, b)))
+        try:  # a wrong pair may overflow or divide by zero: the user hears of the verdict only
+            with warnings.catch_warnings(), np.errstate(all="ignore"):
+                warnings.simplefilter("ignore")
+                dinputs, dparams = backward(dout, copy.deepcopy(exchanged(cache, path, a, b)))
         except Exception:  # shapes the backward cannot take: not this pair
             continue
         if not isinstance(dinputs, (tuple, list)):

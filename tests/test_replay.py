@@ -106,3 +106,15 @@ def test_exchanged_swaps_two_fields_at_any_level_and_leaves_the_cache_as_it_was(
     assert ("cache['list'][0]", "cache['list'][1]") in labels
     assert ("cache['tuple'][1][0]", "cache['tuple'][1][1]") in labels
     assert ("cache['top'].a", "cache['top'].s") in labels
+
+
+def test_the_replays_are_silent(recwarn):
+    """A wrong pair may overflow (the input, scaled near the largest float, exchanged with the
+    branch a that multiplies the upstream gradient): the replays warn nothing; what the user
+    sees is the verdict."""
+    cache = forward(X, PARAMS)[1]
+    cache = cache._replace(x=cache.x * 1e307)                           # finite, near the top
+    found = replay.find_exchange(backward, cache, np.full((6, 5), 100.0), ("x",),
+                                 {"x": (np.zeros((6, 4)), 0.0)})
+    assert found is None
+    assert not [w for w in recwarn.list if issubclass(w.category, RuntimeWarning)]
