@@ -4,8 +4,9 @@
 is wrong) and tests the common bug shapes in turn, from the most specific:
 
     cache fields exchanged  the hand backward, called again with two fields of its cache
-                            exchanged, returns the trusted gradients, every tensor (an exact
-                            test by replay, ``checks.replay``: the error itself has no shape)
+                            exchanged (or two arguments of one call its code makes), returns
+                            the trusted gradients, every tensor (an exact test by replay,
+                            ``checks.replay``: the error itself has no shape)
     identically zero        G = 0
     wrong sign              G = -R
     scaled by a constant    G = c R, c named when it is 2, 1/2, sqrt(P), 1/(B·T), 1 - rate ...
@@ -76,8 +77,9 @@ class Context(NamedTuple):
     #                                  float64 tolerance) for a low-precision check
     other_static: Callable | None = None  # () -> [(label, trusted grads)]: the oracle's
     #                                  gradients with one static argument at another value
-    exchange: Callable | None = None  # () -> (field, field) of the hand's cache whose exchange
-    #                                  makes its backward right (checks.replay), or None
+    exchange: Callable | None = None  # () -> the replay's finding (checks.replay): two
+    #                                  fields of the hand's cache, or two arguments of one call,
+    #                                  whose exchange makes its backward right; '' for none
 
 
 SMALL = [(2.0, "2"), (0.5, "1/2"), (-2.0, "-2"), (-0.5, "-1/2"), (3.0, "3"), (1 / 3, "1/3"),
@@ -228,15 +230,10 @@ def _close(a, b, fit):
 
 
 def _exchanged(name, g, ref, ctx, fit):
-    """Two fields of the hand's cache read in each other's place: the replay that exchanges
-    them makes every gradient right (``checks.replay``), an exact test where the error itself
-    has no shape."""
-    found = ctx.exchange() if ctx.exchange is not None else None
-    if not found:
-        return ""
-    a, b = found
-    return (f"the backward reads {a} and {b} in each other's place: called with the two "
-            f"exchanged, it returns autodiff's gradients, every tensor within its tolerance")
+    """Two fields of the hand's cache, or two arguments of one of its calls, in each other's
+    place: the replay that exchanges them makes every gradient right (``checks.replay``), an
+    exact test where the error itself has no shape."""
+    return (ctx.exchange() or "") if ctx.exchange is not None else ""
 
 
 def _zero(name, g, ref, ctx, fit):

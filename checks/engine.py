@@ -654,11 +654,11 @@ class LayerCheck:
                     exchange=self._exchange(rerun, tol64))
 
     def _exchange(self, rerun, tol64):
-        """() -> the two fields of the hand's cache read in each other's place, or None
-        (``checks.replay``, run once on first use): the float64 run's cache against the float64
-        tolerances for a low-precision check whose kernel has a float64 path, else the check's
-        own."""
-        from checks.replay import find_exchange
+        """() -> what a replay of the hand backward finds (``checks.replay``: two fields of its
+        cache, or two arguments of one of its calls, in each other's place), '' for nothing;
+        run once on first use: the float64 run's cache against the float64 tolerances for a
+        low-precision check whose kernel has a float64 path, else the check's own."""
+        from checks.replay import explain
         memo = []
 
         def found():
@@ -670,7 +670,7 @@ class LayerCheck:
                 else:
                     cache, dout = self.cache, _like(self.dout, self.inputs)
                     targets = {j.name: (j.g_auto, j.tol) for j in self.judges.values()}
-                memo.append(find_exchange(self.backward_fn, cache, dout, self.names, targets))
+                memo.append(explain(self.backward_fn, cache, dout, self.names, targets))
             return memo[0]
         return found
 

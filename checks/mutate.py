@@ -54,6 +54,7 @@ WRONG_SHAPE = "the wrong shape: "
 PATTERNS = (
     (WRONG_SHAPE, "wrong shape"),
     ("in each other's place: called with the two", "cache exchanged"),
+    ("in each other's place: with the two exchanged in that call", "arguments exchanged"),
     ("in place of the upstream gradient", "substituted gradient"),
     ("in place of the other operand", "substituted operand"),
     ("the gradient arriving at the result of", "substituted gradient"),

@@ -1,4 +1,5 @@
-"""Replays of the hand backward with two fields of its cache exchanged.
+"""Replays of the hand backward with two things exchanged: two fields of its cache, or two
+arguments of one call its code makes.
 
 A backward that reads two of its cache's tensors in each other's place (``inv_std, xhat = cache``
 for ``xhat, inv_std = cache``, ``cache.k`` wherever ``cache.q`` is meant and the other way round)
@@ -10,17 +11,34 @@ for any layer whose forward returns its cache as a NamedTuple, a tuple, a list o
 ones too: the pairs are taken within each level, where a helper's cache sits inside its
 layer's); it knows nothing of the layer.
 
-Every pair of floating-point arrays of one level is tried (a pair whose shapes the backward
-cannot take raises, and is not the one), at most MAX_PAIRS, on a copy of the cache (a backward
-may write into what it is given).  A low-precision check replays its float64 run
+The same holds for a helper called with two arguments in each other's place
+(``softmax_backward(y, dy)`` for ``softmax_backward(dy, y)``): one run under ``sys.setprofile``
+records the calls the user's code makes of the user's own functions (not the libraries', not
+this package's) with at least two array arguments, and each pair of those arguments is
+exchanged in that call only (a wrapper, put where the caller finds the function for the length
+of the replay, exchanges them when called from that line).  A profiler the user has set is
+suspended for that one run.
+
+Every pair of floating-point arrays of one level of the cache is tried first, then the calls'
+pairs, at most MAX_PAIRS of each (a pair the backward cannot take raises, and is not the one),
+each on a copy of the cache (a backward may write into what it is given), with NumPy's
+floating-point warnings off.  A low-precision check replays its float64 run
 (``checks.explain.float64_rerun``) against the float64 tolerances: the bug without the format's
 rounding.
 """
 from __future__ import annotations
 
 import copy
+import functools
+import inspect
 import itertools
+import linecache
+import os
+import sys
+import sysconfig
+import types
 import warnings
+from typing import NamedTuple
 
 import numpy as np
 
@@ -29,6 +47,7 @@ from kernels.precision import is_float_dtype
 
 MAX_PAIRS = 64            # pairs replayed at most (each one call of the hand backward)
 MAX_CACHE_BYTES = 2 ** 28  # a larger cache is not copied for replays (256 MiB)
+MAX_SITES = 256            # calls recorded at most for a call's arguments exchanged
 
 
 def _items(node):
@@ -97,18 +116,24 @@ def find_exchange(backward, cache, dout, names, targets):
     if cache is None or _nbytes(cache) > MAX_CACHE_BYTES:
         return None
     for path, a, b, label_a, label_b in itertools.islice(pairs(cache), MAX_PAIRS):
-        try:  # a wrong pair may overflow or divide by zero: the user hears of the verdict only
-            with warnings.catch_warnings(), np.errstate(all="ignore"):
-                warnings.simplefilter("ignore")
-                dinputs, dparams = backward(dout, copy.deepcopy(exchanged(cache, path, a, b)))
-        except Exception:  # shapes the backward cannot take: not this pair
-            continue
-        if not isinstance(dinputs, (tuple, list)):
-            dinputs = (dinputs,)
-        grads = {**dict(zip(names, dinputs)), **(dparams if isinstance(dparams, dict) else {})}
-        if all(_agrees(grads.get(name), g, tol) for name, (g, tol) in targets.items()):
+        if _replay(backward, dout, exchanged(cache, path, a, b), names, targets):
             return label_a, label_b
     return None
+
+
+def _replay(backward, dout, cache, names, targets) -> bool:
+    """Whether the backward, run on a copy of cache, agrees with every target.  A wrong
+    replay may overflow or divide by zero: the user hears of the verdict only."""
+    try:
+        with warnings.catch_warnings(), np.errstate(all="ignore"):
+            warnings.simplefilter("ignore")
+            dinputs, dparams = backward(dout, copy.deepcopy(cache))
+    except Exception:  # shapes the backward cannot take: not this replay
+        return False
+    if not isinstance(dinputs, (tuple, list)):
+        dinputs = (dinputs,)
+    grads = {**dict(zip(names, dinputs)), **(dparams if isinstance(dparams, dict) else {})}
+    return all(_agrees(grads.get(name), g, tol) for name, (g, tol) in targets.items())
 
 
 def _agrees(hand, trusted, tol) -> bool:
@@ -116,3 +141,151 @@ def _agrees(hand, trusted, tol) -> bool:
         return False
     hand = np.asarray(to_numpy(hand)).astype(np.float64)
     return hand.shape == trusted.shape and bool(np.all(np.abs(hand - trusted) <= tol))
+
+
+# --- a call's two arguments exchanged -------------------------------------------------------
+
+class Site(NamedTuple):
+    """A call, made by the user's code, of a function of the user's code with array arguments."""
+    caller: object      # the calling function's code object
+    line: int           # the line of the call
+    callee: object      # the called function's code object
+    params: tuple       # the names of its parameters that received an array, in order
+    where: tuple        # [(namespace, name)]: where the caller finds the callee (to patch it)
+
+
+def _library_roots() -> tuple:
+    """Folders of the interpreter's own and installed libraries: code there is not the
+    user's; nor is this package's, which runs the replays."""
+    paths = sysconfig.get_paths()
+    roots = {paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths}
+    return tuple(sorted(roots)) + (os.path.dirname(os.path.abspath(__file__)),)
+
+
+def _users(code, roots) -> bool:
+    """Code of the user's: anything but the libraries' files and the interpreter's frozen
+    modules (a REPL's, a notebook's and exec'd code are the user's)."""
+    name = code.co_filename
+    if name.startswith("<"):
+        return not name.startswith("<frozen")
+    return not os.path.abspath(name).startswith(roots)
+
+
+def _found_in(code, namespace) -> list:
+    """[(namespace, name)] where namespace[name] (a module's attribute) is the function whose
+    code is ``code``: the caller's globals, and the modules among them, one level down."""
+    out = []
+    for name, value in list(namespace.items()):
+        if getattr(value, "__code__", None) is code:
+            out.append((namespace, name))
+        elif isinstance(value, types.ModuleType):
+            out += [(value.__dict__, n) for n, v in list(vars(value).items())
+                    if getattr(v, "__code__", None) is code]
+    return out
+
+
+def call_sites(backward, dout, cache) -> list:
+    """Every distinct call that the backward's code (the user's, not a library's) makes of the
+    user's own functions with at least two array arguments, recorded in one run under
+    ``sys.setprofile``, in the order first made: the sites a replay may exchange two arguments
+    at."""
+    roots, sites, seen = _library_roots(), [], set()
+
+    def profile(frame, event, arg):
+        if event != "call" or len(sites) >= MAX_SITES:
+            return
+        caller = frame.f_back
+        if caller is None or not _users(frame.f_code, roots) or not _users(caller.f_code, roots):
+            return
+        key = (caller.f_code, caller.f_lineno, frame.f_code)
+        if key in seen:
+            return
+        seen.add(key)
+        code = frame.f_code
+        params = tuple(n for n in code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]
+                       if _is_float_array(frame.f_locals.get(n)))
+        where = _found_in(code, caller.f_globals)
+        if len(params) >= 2 and where:
+            sites.append(Site(caller.f_code, caller.f_lineno, code, params, tuple(where)))
+
+    previous = sys.getprofile()
+    sys.setprofile(profile)
+    try:
+        with warnings.catch_warnings(), np.errstate(all="ignore"):
+            warnings.simplefilter("ignore")
+            backward(dout, copy.deepcopy(cache))
+    except Exception:
+        pass
+    finally:
+        sys.setprofile(previous)
+    return sites
+
+
+def _swapping(function, site, a, b):
+    """function, exchanging its arguments a and b when called from the site's line."""
+    signature = inspect.signature(function)
+
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        caller = sys._getframe(1)
+        if caller.f_code is not site.caller or caller.f_lineno != site.line:
+            return function(*args, **kwargs)
+        bound = signature.bind(*args, **kwargs)
+        bound.arguments[a], bound.arguments[b] = bound.arguments[b], bound.arguments[a]
+        return function(*bound.args, **bound.kwargs)
+    return wrapper
+
+
+def find_call_swap(backward, cache, dout, names, targets):
+    """The first call of the user's code whose two array arguments, exchanged in that call
+    only, make the hand backward agree with every target: (site, argument, argument), or
+    None."""
+    if cache is None or _nbytes(cache) > MAX_CACHE_BYTES:
+        return None
+    tries = ((site, a, b) for site in call_sites(backward, dout, cache)
+             for a, b in itertools.combinations(site.params, 2))
+    for site, a, b in itertools.islice(tries, MAX_PAIRS):
+        namespace, name = site.where[0]
+        original = namespace[name]
+        patched = _swapping(original, site, a, b)
+        for space, n in site.where:
+            space[n] = patched
+        try:
+            if _replay(backward, dout, cache, names, targets):
+                return site, a, b
+        finally:
+            for space, n in site.where:
+                space[n] = original
+    return None
+
+
+def explain(backward, cache, dout, names, targets) -> str:
+    """What a replay finds, as a sentence: two cached tensors read in each other's place, else
+    a call's two arguments; '' when neither makes every gradient right."""
+    found = find_exchange(backward, cache, dout, names, targets)
+    if found:
+        return (f"the backward reads {found[0]} and {found[1]} in each other's place: called "
+                f"with the two exchanged, it returns autodiff's gradients, every tensor within "
+                f"its tolerance")
+    found = find_call_swap(backward, cache, dout, names, targets)
+    if found:
+        site, a, b = found
+        return (f"the call of {site.callee.co_name} at {_where(site)} passes its arguments "
+                f"{a} and {b} in each other's place: with the two exchanged in that call, the "
+                f"backward returns autodiff's gradients, every tensor within its tolerance")
+    return ""
+
+
+def _where(site) -> str:
+    """'kernels/layernorm.py:64 in layernorm_backward (`dx = ...`)': the call's file relative
+    to the working folder, its line, its function and, from a file, the line's text (a
+    mutant's source is not its file's: no text)."""
+    path = site.caller.co_filename
+    mutant = path.startswith("<mutant of ")
+    if mutant:
+        path = path[len("<mutant of "):-1]
+    rel = os.path.relpath(path) if os.path.isabs(path) else path
+    if rel.startswith(".."):
+        rel = os.path.basename(path)
+    text = "" if mutant else linecache.getline(path, site.line).strip()
+    return f"{rel}:{site.line} in {site.caller.co_name}" + (f" (`{text}`)" if text else "")

@@ -39,7 +39,12 @@ def forward(x, params, nested=False):
     return a * s, Cache(x, a, s, params["Wa"], params["Wb"])
 
 
-def backward(dy, cache, *, swapped=False, nested=False, half_slope=False):
+def gate_backward(dy, a, s):
+    """The gate's share: the upstream gradient through y = a * sigmoid(z), into z."""
+    return dy * a * s * (1 - s)                            # (N, F)
+
+
+def backward(dy, cache, *, swapped=False, nested=False, half_slope=False, call_swapped=False):
     if nested:
         x, (a, s), (Wa, Wb) = cache["x"], cache["branches"], cache["W"]
         if swapped:
@@ -49,7 +54,8 @@ def backward(dy, cache, *, swapped=False, nested=False, half_slope=False):
     else:
         x, a, s, Wa, Wb = cache
     da = dy * s                                            # (N, F)
-    dz = dy * a * s * (1 - s) * (0.5 if half_slope else 1.0)  # (N, F)
+    dz = (gate_backward(dy, s, a) if call_swapped else gate_backward(dy, a, s)) \
+        * (0.5 if half_slope else 1.0)                     # (N, F)
     return da @ Wa.T + dz @ Wb.T, {"Wa": x.T @ da, "Wb": x.T @ dz}
 
 
@@ -84,6 +90,28 @@ def test_a_nested_cache_is_searched_level_by_level():
                in t.diagnosis for t in failing), [t.diagnosis for t in failing]
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_two_arguments_of_a_call_in_each_others_place_are_named_with_the_call(dtype):
+    """gate_backward(dy, s, a) for gate_backward(dy, a, s): no exchange of the cache undoes it
+    (the cache is right), the replay that exchanges a and s in that one call does."""
+    report = run(dtype, call_swapped=True)
+    failing = [t for t in report.tensors if not t.ok]
+    assert failing, str(report)
+    for t in failing:
+        assert t.verdict.kind is Kind.HAND_WRONG, str(report)
+        assert ("the call of gate_backward at tests/test_replay.py:" in t.diagnosis
+                and "in backward (`dz = (gate_backward(dy, s, a) if call_swapped" in t.diagnosis
+                and "passes its arguments a and s in each other's place" in t.diagnosis), \
+            t.diagnosis
+        assert pattern_of(t.diagnosis) == "arguments exchanged"
+
+
+def test_the_functions_patched_for_a_replay_are_restored():
+    run(call_swapped=True)
+    assert gate_backward.__name__ == "gate_backward" and not hasattr(gate_backward,
+                                                                     "__wrapped__")
+
+
 def test_a_bug_no_exchange_undoes_is_not_named_an_exchange():
     """A gate's derivative at half its slope: no pair of cached tensors exchanged makes the
     backward right, so the replay names nothing and another explanation (or none) is given."""
@@ -91,6 +119,7 @@ def test_a_bug_no_exchange_undoes_is_not_named_an_exchange():
     failing = [t for t in report.tensors if not t.ok]
     assert failing, str(report)
     assert not any("in each other's place" in t.diagnosis for t in failing)
+    assert not any("arguments" in t.diagnosis for t in failing)
 
 
 def test_exchanged_swaps_two_fields_at_any_level_and_leaves_the_cache_as_it_was():
