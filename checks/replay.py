@@ -36,6 +36,7 @@ import linecache
 import os
 import sys
 import sysconfig
+import threading
 import types
 import warnings
 from typing import NamedTuple
@@ -222,13 +223,17 @@ def call_sites(backward, dout, cache) -> list:
 
 
 def _swapping(function, site, a, b):
-    """function, exchanging its arguments a and b when called from the site's line."""
+    """function, exchanging its arguments a and b when called from the site's line in this
+    thread (another thread of the process that calls it meanwhile gets the function as it is:
+    a Dask worker may run several checks at once)."""
     signature = inspect.signature(function)
+    thread = threading.get_ident()
 
     @functools.wraps(function)
     def wrapper(*args, **kwargs):
         caller = sys._getframe(1)
-        if caller.f_code is not site.caller or caller.f_lineno != site.line:
+        if caller.f_code is not site.caller or caller.f_lineno != site.line \
+                or threading.get_ident() != thread:
             return function(*args, **kwargs)
         bound = signature.bind(*args, **kwargs)
         bound.arguments[a], bound.arguments[b] = bound.arguments[b], bound.arguments[a]

@@ -147,3 +147,24 @@ def test_the_replays_are_silent(recwarn):
                                  {"x": (np.zeros((6, 4)), 0.0)})
     assert found is None
     assert not [w for w in recwarn.list if issubclass(w.category, RuntimeWarning)]
+
+
+def test_a_patched_function_swaps_only_in_the_replaying_thread():
+    """While a replay has put its wrapper in place, a call of the function from the same line
+    in another thread is the function's own (a Dask worker with several threads)."""
+    import threading
+
+    def caller(f):
+        return f(1, 2)                                     # the site: this line, this code
+
+    sites = []
+    probe = lambda *args: sites.append(args) or args     # noqa: E731
+    site = replay.Site(caller.__code__, caller.__code__.co_firstlineno + 1, probe.__code__,
+                       ("x", "y"), ())
+    patched = replay._swapping(lambda x, y: (x, y), site, "x", "y")
+    assert caller(patched) == (2, 1)                       # this thread, this line: exchanged
+    out = []
+    thread = threading.Thread(target=lambda: out.append(caller(patched)))
+    thread.start()
+    thread.join()
+    assert out == [(1, 2)]
