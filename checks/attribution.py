@@ -78,6 +78,13 @@ class Site(NamedTuple):
         return f"{what}{which}`{self.primitive}`{at}{src}"
 
 
+def relative(path: str) -> str:
+    """A source file as a diagnosis names it: relative to the working folder, or its base name
+    where it lies outside."""
+    rel = os.path.relpath(path) if os.path.isabs(path) else path
+    return os.path.basename(path) if rel.startswith("..") else rel
+
+
 def _frame(eqn):
     """(relative path:line, source text) of the user code that made the equation: the
     expression's own span of the line (``x2 * sin``) where the frame gives its columns."""
@@ -89,9 +96,7 @@ def _frame(eqn):
     if frame is None:
         return "", ""
     path = frame.file_name
-    rel = os.path.relpath(path) if os.path.isabs(path) else path
-    if rel.startswith(".."):
-        rel = os.path.basename(path)
+    rel = relative(path)
     line = linecache.getline(path, frame.start_line).rstrip("\n")
     text = line.strip()
     start, end = getattr(frame, "start_column", -1), getattr(frame, "end_column", -1)

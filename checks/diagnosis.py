@@ -77,7 +77,7 @@ class Context(NamedTuple):
     #                                  float64 tolerance) for a low-precision check
     other_static: Callable | None = None  # () -> [(label, trusted grads)]: the oracle's
     #                                  gradients with one static argument at another value
-    exchange: Callable | None = None  # () -> the replay's finding (checks.replay): two
+    replay: Callable | None = None    # () -> the replay's finding (checks.replay): two
     #                                  fields of the hand's cache, or two arguments of one call,
     #                                  whose exchange makes its backward right; '' for none
 
@@ -197,7 +197,7 @@ def diagnose(name: str, g: np.ndarray, ref: np.ndarray, ctx: Context, tol: float
                 and np.all(np.isfinite(g64)):
             g, fit = g64, FIT_FACTOR * tol64
     found = ""
-    for test in (_exchanged, _zero, _scaled, _transposed, _heads_mixed, _swapped, _masked, _repeated_ids,
+    for test in (_replayed, _zero, _scaled, _transposed, _heads_mixed, _swapped, _masked, _repeated_ids,
                  _one_slice, _skip_dropped, _static_ignored, _paths, _upstream, _factor,
                  _path_per_slice, _substituted):
         found = test(name, g, ref, ctx, fit)
@@ -229,11 +229,11 @@ def _close(a, b, fit):
     return normwise(a, b) <= fit
 
 
-def _exchanged(name, g, ref, ctx, fit):
+def _replayed(name, g, ref, ctx, fit):
     """Two fields of the hand's cache, or two arguments of one of its calls, in each other's
     place: the replay that exchanges them makes every gradient right (``checks.replay``), an
     exact test where the error itself has no shape."""
-    return (ctx.exchange() or "") if ctx.exchange is not None else ""
+    return (ctx.replay() or "") if ctx.replay is not None else ""
 
 
 def _zero(name, g, ref, ctx, fit):

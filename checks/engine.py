@@ -611,8 +611,8 @@ class LayerCheck:
             suspect, trusted = (g_auto, g_hand) if result.verdict.kind in BLAMES_ORACLE else \
                 (g_hand, g_auto)
             on_hand += [result] if result.verdict.kind not in BLAMES_ORACLE else []
-            # the replay of the hand with its cache exchanged speaks of the hand only
-            own = ctx if result.verdict.kind not in BLAMES_ORACLE else ctx._replace(exchange=None)
+            # a replay of the hand backward speaks of the hand only
+            own = ctx if result.verdict.kind not in BLAMES_ORACLE else ctx._replace(replay=None)
             result.diagnosis = diagnose(result.name, suspect, trusted, own,
                                         self._fit_tol(result))
             result.difference = suspect - trusted
@@ -651,9 +651,9 @@ class LayerCheck:
             return cached_arrays(self.cache if own is None else own)
         return dict(dtype=str(self.dtype), paths=for_oracle(self.ref, self.dout64, names, cached),
                     other_static=self._other_static(), float64=rerun,
-                    exchange=self._exchange(rerun, tol64))
+                    replay=self._replay_finding(rerun, tol64))
 
-    def _exchange(self, rerun, tol64):
+    def _replay_finding(self, rerun, tol64):
         """() -> what a replay of the hand backward finds (``checks.replay``: two fields of its
         cache, or two arguments of one of its calls, in each other's place), '' for nothing;
         run once on first use: the float64 run's cache against the float64 tolerances for a

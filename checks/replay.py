@@ -43,6 +43,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from checks.attribution import relative
 from kernels.backend import to_numpy
 from kernels.precision import is_float_dtype
 
@@ -51,8 +52,8 @@ MAX_CACHE_BYTES = 2 ** 28  # a larger cache is not copied for replays (256 MiB)
 MAX_SITES = 256            # calls recorded at most for a call's arguments exchanged
 
 
-def _items(node):
-    """(key, label, child) of a cache level: a NamedTuple's fields, a tuple's or list's items,
+def fields(node):
+    """(key, label, child) of a cache level (its items, one level down): a NamedTuple's fields, a tuple's or list's items,
     a dict's entries; [] for anything else."""
     if hasattr(node, "_fields"):
         return [(f, f".{f}", getattr(node, f)) for f in node._fields]
@@ -64,19 +65,21 @@ def _items(node):
 
 
 def _is_float_array(x) -> bool:
-    dtype = getattr(x, "dtype", None)
-    return dtype is not None and getattr(x, "ndim", 0) > 0 and is_float_dtype(dtype)
+    """An array of floating point with at least one axis (a module passed as an argument, with
+    its ``dtype`` class and ``ndim`` function, is not one)."""
+    ndim, dtype = getattr(x, "ndim", None), getattr(x, "dtype", None)
+    return isinstance(ndim, int) and ndim > 0 and dtype is not None and is_float_dtype(dtype)
 
 
 def pairs(cache, label="cache"):
     """(path, key a, key b, label a, label b) for every two floating arrays of one level of the
     cache, the levels in order from the top."""
-    items = _items(cache)
+    items = fields(cache)
     arrays = [(k, label + text) for k, text, x in items if _is_float_array(x)]
     for (ka, la), (kb, lb) in itertools.combinations(arrays, 2):
         yield (), ka, kb, la, lb
     for key, text, child in items:
-        if _items(child):
+        if fields(child):
             for path, ka, kb, la, lb in pairs(child, label + text):
                 yield (key,) + path, ka, kb, la, lb
 
@@ -104,7 +107,7 @@ def exchanged(cache, path, a, b):
 
 
 def _nbytes(cache) -> int:
-    items = _items(cache)
+    items = fields(cache)
     if not items:
         return int(getattr(cache, "nbytes", 0) or 0)
     return sum(_nbytes(child) for _, _, child in items)
@@ -195,6 +198,12 @@ def call_sites(backward, dout, cache) -> list:
     def profile(frame, event, arg):
         if event != "call" or len(sites) >= MAX_SITES:
             return
+        try:
+            record(frame)
+        except Exception:  # an exception here would end the profiling for the whole run
+            pass
+
+    def record(frame):
         caller = frame.f_back
         if caller is None or not _users(frame.f_code, roots) or not _users(caller.f_code, roots):
             return
@@ -289,8 +298,5 @@ def _where(site) -> str:
     mutant = path.startswith("<mutant of ")
     if mutant:
         path = path[len("<mutant of "):-1]
-    rel = os.path.relpath(path) if os.path.isabs(path) else path
-    if rel.startswith(".."):
-        rel = os.path.basename(path)
     text = "" if mutant else linecache.getline(path, site.line).strip()
-    return f"{rel}:{site.line} in {site.caller.co_name}" + (f" (`{text}`)" if text else "")
+    return f"{relative(path)}:{site.line} in {site.caller.co_name}" + (f" (`{text}`)" if text else "")

@@ -532,16 +532,11 @@ def cached_arrays(cache) -> list:
     """(name, float64 array) of the floating arrays at the top of a hand forward's cache (a
     NamedTuple's fields by name, a tuple's items as cache[i], a dict's entries): what its
     backward reads besides the upstream gradient.  Nested caches are left out."""
-    if hasattr(cache, "_fields"):
-        items = [(f, getattr(cache, f)) for f in cache._fields]
-    elif isinstance(cache, (tuple, list)):
-        items = [(f"cache[{i}]", x) for i, x in enumerate(cache)]
-    elif isinstance(cache, dict):
-        items = [(f"cache[{k!r}]", x) for k, x in cache.items()]
-    else:
-        return []
+    from checks.replay import fields
+    named = hasattr(cache, "_fields")  # a field by its name; an item as cache[i]
     out = []
-    for name, x in items:
+    for key, text, x in fields(cache):
+        name = key if named else "cache" + text
         if getattr(x, "dtype", None) is None or getattr(x, "ndim", 0) == 0:
             continue
         host = np.asarray(to_numpy(x))  # CuPy: to the host
