@@ -35,12 +35,13 @@ from checks.evidence import blame, examine, pick
 from checks.legs import FD_JOINT_TENSORS, FiniteDifferences, Joint, Measured, Oracle, normwise
 from checks.report import Report, TensorResult, format_table, reports_to_json  # noqa: F401
 from checks.rounding import Unsupported, roundoffs
-from checks.signature import in_format, precision_change
+from checks.signature import in_format, moved, precision_change, smooth
 from checks.verdict import BLAMES_ORACLE, Finding, Kind, Note, Verdict
 from kernels.backend import to_numpy
 from kernels.precision import compute_format_of
 
 CHECKER_STREAM = 0x6C6162  # mixed into the seed of the checker's random stream
+SMOOTH_STREAM = 1          # ... and this, for the moved inputs of a forward's precision finding
 FALLBACK_SAFETY = 64.0     # normwise fallback when the oracle has no rounding model
 
 
@@ -299,7 +300,8 @@ class LayerCheck:
             score = self.forward_score
         low = self._low_precision()
         if score > 1 and low is not None and precision_change(out - self.ref_out, self.ref_out,
-                                                             self.forward_tol):
+                                                             self.forward_tol) \
+                and not self._smooth_forward_error(out - self.ref_out):
             # a forward computing in lower precision: judged at that precision's roundoff for
             # the forward part and the inputs it rounds, never for the backward part
             u_low = self.policy.u(low)
@@ -314,6 +316,20 @@ class LayerCheck:
                 score = _score(out, self.ref_out, tol_low)
         self.forward_score = score
         self.forward_ok = score <= 1
+
+    def _smooth_forward_error(self, error) -> bool:
+        """Is the forward's error a bug's, the same function at moved inputs
+        (``checks.signature.smooth``)?  The hand forward and the oracle run again at every
+        floating input and parameter moved by a random relative 2^-10, on the host in float64
+        as finite differences run them.  A forward that cannot run there gives no evidence."""
+        rng = np.random.default_rng([self.seed, CHECKER_STREAM, SMOOTH_STREAM])
+        inputs, params = moved(self.inputs64, rng), moved(self.params64, rng)
+        try:
+            out, _ = contract.forward_result(self.forward_fn(*inputs, params, **self.static))
+            ref = self.ref.forward_at(inputs, params)
+        except Exception:  # noqa: BLE001  (either side failing there decides nothing)
+            return False
+        return smooth(error, _f64(np.asarray(to_numpy(out))) - _f64(ref))
 
     def _fallback_slack(self):
         """The normwise fallback's tolerance in units of u x the largest element: what every

@@ -157,6 +157,13 @@ class Oracle:
                 self._fns.pop(0)
         return tuple(np.shape(self._run(2, self._diff_values(), self.params, None)))
 
+    def forward_at(self, inputs64, params64):
+        """The oracle's output at other values of its differentiable inputs and parameters
+        (its other inputs as the check's)."""
+        values = [jax.device_put(np.asarray(inputs64[i])) for i in self.diff_idx]
+        params = {k: jax.device_put(np.asarray(v)) for k, v in params64.items()}
+        return np.asarray(self._run(2, values, params, None))
+
     def caveats(self):
         """Why this oracle's autodiff may differ from its forward's derivative
         (``checks.evidence.autodiff_caveats``); [] when its program cannot be read."""

@@ -10,10 +10,20 @@ an axis, or a few elements.  So a finding is raised only when
 * the error is no scaled copy of the result and no offset along its last axis (``systematic``);
 * for a backward that returns float64, its values are the lower precision's numbers
   (``REPRESENTABLE`` of them): a backward computing in float32 rounds what it returns to
-  float32, while noise added to float64 results is no float32 number.
+  float32, while noise added to float64 results is no float32 number;
+* for a forward (which may round to float32 inside and return float64 values computed after),
+  the error is new at other inputs (``smooth``): every input and parameter is moved by a random
+  relative MOVE = 2^-10, 2^14 units of float32's last place, and the error of the moved run
+  (hand against oracle there) is compared with the first.  Rounding errors at the moved inputs
+  are new ones, as large and unrelated: |e' - e| is about sqrt(2) |e|.  A bug's error is a
+  smooth function of the inputs (a stray factor, a wrong constant inside a nonlinearity):
+  moved by a thousandth of the inputs it changes by about a thousandth of itself.  An error
+  that changes by less than SMOOTH_CHANGE of itself is a bug's, whatever its pattern.
 
 A tensor of fewer than 8 elements (a scalar loss) cannot show a pattern: it is recognised by its
-error alone, above the dtype's tolerance and within the lower precision's.
+error alone, above the dtype's tolerance and within the lower precision's (two independent
+roundings of one element lie within SMOOTH_CHANGE of each other too often to tell: P(F(1, 1) <
+1/4) is 0.3, against 3e-3 for F(8, 8)).
 """
 from __future__ import annotations
 
@@ -22,6 +32,9 @@ import numpy as np
 SPREAD = 0.5           # fraction of elements that must exceed the checked dtype's tolerance
 REPRESENTABLE = 0.9    # fraction of a low-precision backward's values that are low's numbers
 FEW = 8                # below this many elements no pattern can be told
+MOVE = 2.0 ** -10      # relative move of every input and parameter for ``smooth``
+SMOOTH_CHANGE = 0.5    # a bug's error moves by less than this fraction of itself (rounding's:
+#                        about sqrt(2), below 0.5 with probability P(F(n, n) < 1/8): 3e-3 at n = 8)
 
 
 def systematic(e, ref, shifts=True):
@@ -60,3 +73,27 @@ def in_format(values, low) -> bool:
     with np.errstate(over="ignore", invalid="ignore"):
         same = v.astype(low).astype(np.float64) == v
     return float(np.mean(same)) >= REPRESENTABLE
+
+
+def moved(values, rng):
+    """Every floating array of values (a list, or a dict's values) times 1 + MOVE r, r uniform
+    in [-1, 1) per element: the inputs at which ``smooth`` takes the error again."""
+    def move(x):
+        x = np.asarray(x)
+        if x.dtype.kind != "f":
+            return x
+        return (x * (1.0 + MOVE * rng.uniform(-1.0, 1.0, x.shape))).astype(x.dtype)
+    if isinstance(values, dict):
+        return {k: move(v) for k, v in values.items()}
+    return [move(v) for v in values]
+
+
+def smooth(e, e_moved) -> bool:
+    """Is the error a smooth function of the inputs, a bug's (module docstring)?  e: the error
+    at the check's inputs; e_moved: the error at the ``moved`` inputs.  Fewer than FEW elements
+    cannot tell (False)."""
+    e, e_moved = np.ravel(e).astype(np.float64), np.ravel(e_moved).astype(np.float64)
+    if e.size < FEW or e_moved.shape != e.shape:
+        return False
+    size = float(np.linalg.norm(e))
+    return size > 0.0 and float(np.linalg.norm(e_moved - e)) <= SMOOTH_CHANGE * size

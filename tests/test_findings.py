@@ -7,7 +7,7 @@ import pytest
 import kernels
 import reference
 from checks import assert_layer, check_layer
-from checks.signature import in_format, precision_change
+from checks.signature import in_format, moved, precision_change, smooth
 from checks.wild import article_cross_entropy, article_cross_entropy_backward
 from checks.verdict import Finding, Kind
 
@@ -108,6 +108,37 @@ def test_assert_layer_fails_on_a_finding_unless_the_test_allows_it_by_name():
         assert_layer(*args)
     report = assert_layer(*args, allow=["LOW_PRECISION_FORWARD"])
     assert report.ok
+
+
+def test_a_smooth_float64_forward_error_is_no_lower_precision():
+    """A softmax forward with a stray temperature x / (1 + 1e-7), all in float64: its error is
+    float32-sized, spread over every element and no scaled copy, but a smooth function of the
+    inputs, so it is no precision change (before: ok, excused as a float32 forward)."""
+    x = 3 * np.random.default_rng(1).standard_normal((2, 5, 7))
+    report = check_layer(lambda x, p: kernels.softmax_forward(x / (1 + 1e-7), p),
+                         kernels.softmax_backward, reference.softmax, [x], {})
+    assert Finding.LOW_PRECISION_FORWARD not in _findings(report), str(report)
+    assert not report.ok and not report.forward_ok, str(report)
+    # the same layer computing in float32 inside is still recognised
+    def forward32(x, p):
+        y, cache = kernels.softmax_forward(x.astype(np.float32), p)
+        return y.astype(np.float64), cache
+    report = check_layer(forward32, kernels.softmax_backward, reference.softmax, [x], {})
+    assert Finding.LOW_PRECISION_FORWARD in _findings(report), str(report)
+    assert report.forward_ok, str(report)
+
+
+def test_rounding_noise_is_new_at_moved_inputs_and_a_bugs_error_is_not():
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((16, 8))
+    y = moved([x], rng)[0]
+    assert np.all(np.abs(y / x - 1) <= 2.0 ** -10) and not np.array_equal(x, y)
+    exact = lambda v: np.tanh(v) * 2.0
+    bug = lambda v: np.tanh(v * (1 + 1e-7)) * 2.0                     # a stray factor
+    f32 = lambda v: (np.tanh(v.astype(np.float32)) * np.float32(2)).astype(np.float64)
+    assert smooth(bug(x) - exact(x), bug(y) - exact(y))
+    assert not smooth(f32(x) - exact(x), f32(y) - exact(y))
+    assert not smooth(bug(x[:1, :4]) - exact(x[:1, :4]), bug(y[:1, :4]) - exact(y[:1, :4]))  # too few
 
 
 def test_the_signature_needs_most_elements_and_no_pattern():
