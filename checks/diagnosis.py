@@ -179,6 +179,12 @@ def worst_index(g, ref):
     return tuple(int(i) for i in np.unravel_index(int(diff.argmax()), diff.shape))
 
 
+def of_autodiff(sentence: str) -> str:
+    """A diagnosis of the oracle's gradient (the suspect when the oracle is blamed), which
+    ``diagnose`` words as of the hand's."""
+    return sentence.replace("the hand's", "autodiff's").replace("the hand ", "autodiff's ")
+
+
 def diagnose(name: str, g: np.ndarray, ref: np.ndarray, ctx: Context, tol: float) -> str:
     """What the suspect gradient g most likely is, against its trusted gradient ref: a common
     bug shape, else the sparse set of the oracle's paths that explains it, and where it is wrong

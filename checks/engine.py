@@ -30,7 +30,7 @@ from typing import Callable, NamedTuple, Sequence
 import numpy as np
 
 from checks import aggregate, contract, tolerances
-from checks.diagnosis import Context, constants_from, diagnose, locate
+from checks.diagnosis import Context, constants_from, diagnose, locate, of_autodiff
 from checks.evidence import blame, examine, pick
 from checks.legs import FD_JOINT_TENSORS, FiniteDifferences, Joint, Measured, Oracle, normwise
 from checks.report import Report, TensorResult, format_table, reports_to_json  # noqa: F401
@@ -626,11 +626,18 @@ class LayerCheck:
             g_hand, g_auto = pairs[result.name]
             suspect, trusted = (g_auto, g_hand) if result.verdict.kind in BLAMES_ORACLE else \
                 (g_hand, g_auto)
-            on_hand += [result] if result.verdict.kind not in BLAMES_ORACLE else []
-            # a replay of the hand backward speaks of the hand only
-            own = ctx if result.verdict.kind not in BLAMES_ORACLE else ctx._replace(replay=None)
-            result.diagnosis = diagnose(result.name, suspect, trusted, own,
-                                        self._fit_tol(result))
+            if result.verdict.kind in BLAMES_ORACLE:
+                # autodiff is the suspect, the hand's gradients the trusted ones: the tests
+                # that read the oracle's own program (its paths, its gradients at another dout
+                # or static value) or rerun the hand (replays, float64) speak of the hand only
+                own = ctx._replace(trusted={n: h for n, (h, _) in pairs.items()}, paths=None,
+                                   slice_vjp=None, float64=None, other_static=None, replay=None)
+                result.diagnosis = of_autodiff(diagnose(result.name, suspect, trusted, own,
+                                                        self._fit_tol(result)))
+            else:
+                on_hand.append(result)
+                result.diagnosis = diagnose(result.name, suspect, trusted, ctx,
+                                            self._fit_tol(result))
             result.difference = suspect - trusted
             result.axes = tuple(self.axes.get(result.name, ()))
             result.location = locate(result.worst, result.shape, self.axes.get(result.name))

@@ -418,14 +418,15 @@ class FiniteDifferences:
             return self.oracle.loss(key, x + 1j * h * v, self.dout).imag / h, 0.0
         return self._value(key, x + 1j * h * v, complex_ok=True).imag / h, 0.0
 
-    def derivative(self, key, x, v, size):
-        """Directional derivative along v by the chosen scheme: (value, tolerance of scale)."""
-        p = self.policy
-        if self.scheme == "complex":
+    def derivative(self, key, x, v, size, scheme=None):
+        """Directional derivative along v by the chosen scheme (or ``scheme``, a finer one
+        asked for at one element): (value, tolerance of scale)."""
+        p, scheme = self.policy, scheme or self.scheme
+        if scheme == "complex":
             h = 1e-20 * size
             d, _ = self.complex_step(key, x, v, h)
             return d, (lambda scale: p.complex_step_tol())
-        if self.scheme == "richardson":
+        if scheme == "richardson":
             h = tolerances.richardson_step(size, self.u)
             d1, a1 = self.central(key, x, v, h)
             d2, a2 = self.central(key, x, v, 2 * h)
@@ -566,16 +567,16 @@ class FiniteDifferences:
             return False
         return False
 
-    def _largest_step(self, size):
-        return tolerances.fd_step(size, self.u) if self.scheme == "central" else \
+    def _largest_step(self, size, scheme=None):
+        return tolerances.fd_step(size, self.u) if (scheme or self.scheme) == "central" else \
             2 * tolerances.richardson_step(size, self.u)
 
-    def _kinked(self, key, x, v, size, threshold):
+    def _kinked(self, key, x, v, size, threshold, scheme=None):
         """With the signed second difference s(t) = (L(x + tv) - 2 L(x) + L(x - tv)) / t, a
         smooth L has s(t) = t v'Hv + O(t^3), so s(H) - 4 s(H/4) and s(H) - 2 s(H/2) vanish to
         O(H^3) at the scheme's largest step H; across a kink each is a fraction of the jump in
         slope (two tests, so that no distance of the kink from x hides it from both)."""
-        H = self._largest_step(size)
+        H = self._largest_step(size, scheme)
         l0 = self.value(key, x)[0]
         s = lambda t: (self.value(key, x + t * v)[0] - 2 * l0 + self.value(key, x - t * v)[0]) / t
         s1 = s(H)

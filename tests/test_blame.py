@@ -70,10 +70,10 @@ class _FiniteDifferences:
     def __init__(self, derivatives, kinked):
         self.derivatives, self.kinked, self.asked = derivatives, kinked, 0
 
-    def derivative(self, key, x, e, size):
+    def derivative(self, key, x, e, size, scheme=None):
         return float(np.sum(self.derivatives * e)), lambda scale: 1e-9
 
-    def _kinked(self, key, x, e, size, threshold):
+    def _kinked(self, key, x, e, size, threshold, scheme=None):
         self.asked += 1
         return self.kinked
 
@@ -119,3 +119,59 @@ def test_an_oracle_with_stop_gradient_is_named_wrong_on_element_wise_evidence():
     oracle = lambda x, p: jax.lax.stop_gradient(x) * x  # its autodiff misses half
     report = check_layer(forward, backward, oracle, [x], {})
     assert report.forward_ok and report.tensors[0].verdict.kind is Kind.ORACLE_WRONG, str(report)
+
+
+def _layernorm_case():
+    rng = np.random.default_rng(1)
+    return rng.standard_normal((2, 5, 8)), {"g": 1 + 0.1 * rng.standard_normal(8),
+                                            "b": rng.standard_normal(8)}
+
+
+def test_an_oracle_off_by_float32_rounding_is_blamed_not_the_hand():
+    """An oracle that computes in float32 and casts back (float64 check): its gradients differ
+    from the correct hand's by about 1e-7, below central differences' resolution (2e-7 of the
+    derivative), so the elements are differenced again by Richardson's extrapolation, which
+    sides with the hand (before: "hand is wrong", from FD's confirmation of autodiff along
+    random directions); the diagnosis speaks of autodiff's gradient, not the hand's."""
+    def oracle32(x, p):
+        import jax.numpy as jnp
+        p32 = {k: v.astype(jnp.float32) for k, v in p.items()}
+        return reference.layernorm(x.astype(jnp.float32), p32).astype(x.dtype)
+    x, params = _layernorm_case()
+    report = check_layer(kernels.layernorm_forward, kernels.layernorm_backward, oracle32,
+                         [x], params)
+    kinds = {t.name: t.verdict.kind for t in report.tensors if t.verdict is not None}
+    assert not report.ok and kinds and set(kinds.values()) == {Kind.ORACLE_WRONG}, str(report)
+    assert not any("the hand" in t.diagnosis for t in report.tensors), str(report)
+
+
+def test_an_oracles_wrong_gradient_is_not_explained_by_its_own_program():
+    """An oracle with eps 1.02e-5 against the kernel's 1e-5: the oracle is blamed, and its
+    gradient is not "another tensor returned in place of dg" (before: the substitution test
+    found autodiff's dg among the oracle's own gradients, and named it as the hand's)."""
+    def oracle(x, p, eps=1.02e-5):
+        import jax.numpy as jnp
+        m = x.mean(-1, keepdims=True)
+        v = ((x - m) ** 2).mean(-1, keepdims=True)
+        return p["g"] * (x - m) / jnp.sqrt(v + eps) + p["b"]
+    x, params = _layernorm_case()
+    report = check_layer(kernels.layernorm_forward, kernels.layernorm_backward, oracle, [x],
+                         params)
+    failing = [t for t in report.tensors if t.verdict is not None and not t.verdict.ok]
+    assert failing and all(t.verdict.kind is Kind.ORACLE_WRONG for t in failing), str(report)
+    assert not any("in place of" in t.diagnosis or "the hand" in t.diagnosis
+                   for t in failing), str(report)
+
+
+def test_a_hand_off_by_1e_7_in_float64_is_blamed_on_fds_evidence():
+    """The hand's dg scaled by 1 + 1e-7 (float64): Richardson's differences side with autodiff
+    at the element, so the blame rests on evidence, not on the fallback."""
+    x, params = _layernorm_case()
+
+    def backward(dy, cache):
+        dx, grads = kernels.layernorm_backward(dy, cache)
+        return dx, {**grads, "g": grads["g"] * (1 + 1e-7)}
+    report = check_layer(kernels.layernorm_forward, backward, reference.layernorm, [x], params)
+    bad = next(t for t in report.tensors if t.name == "g")
+    assert bad.verdict.kind is Kind.HAND_WRONG, str(report)
+    assert "FD sides with autodiff" in bad.verdict.detail, bad.verdict.detail
