@@ -32,7 +32,7 @@ import numpy as np
 from checks import aggregate, contract, tolerances
 from checks.diagnosis import Context, constants_from, diagnose, locate, of_autodiff
 from checks.evidence import blame, examine, pick
-from checks.legs import FD_JOINT_TENSORS, FiniteDifferences, Joint, Measured, Oracle, normwise
+from checks.legs import FD_JOINT_TENSORS, FiniteDifferences, Joint, Measured, Oracle, normwise, relative
 from checks.report import Report, TensorResult, format_table, reports_to_json  # noqa: F401
 from checks.rounding import Unsupported, roundoffs
 from checks.signature import in_format, moved, precision_change, smooth
@@ -41,6 +41,12 @@ from kernels.backend import to_numpy
 from kernels.precision import compute_format_of
 
 CHECKER_STREAM = 0x6C6162  # mixed into the seed of the checker's random stream
+# why FD is set aside where it alone disagrees and nothing lets autodiff differ from the
+# derivative of its forward (a shared bug of hand and oracle needs a custom rule, a
+# stop_gradient or a forward that disagrees, and FD fails the kernel there)
+FD_ALONE = ("FD alone disagrees, and autodiff is the derivative of the oracle's forward (no "
+            "custom derivative rule, stop_gradient or non-differentiable operation in its "
+            "program; the forwards agree): FD's own error, its step across curvature")
 SMOOTH_STREAM = 1          # ... and this, for the moved inputs of a forward's precision finding
 FALLBACK_SAFETY = 64.0     # normwise fallback when the oracle has no rounding model
 
@@ -388,7 +394,8 @@ class LayerCheck:
             spread = self._spread_of(key)
             hands[tname] = self.dinputs[key] if isinstance(key, int) else self.dparams.get(key)
             judge = Judge(tname, key, x, g_auto, self._tol(spread, g_auto) + self._moved(key),
-                          self.dtype, self.fd, self.rng, self.policy, self._caveats)
+                          self.dtype, self.fd, self.rng, self.policy, self._caveats,
+                          self._exact_autodiff)
             judge.bands = self._bands(key, g_auto)
             self.judges[tname] = judge
         self._settle_kinks_if_needed(hands)
@@ -466,6 +473,12 @@ class LayerCheck:
                 found = ["a forward that disagrees with the kernel's"] + found
             self._caveat_list = found
         return self._caveat_list
+
+    def _exact_autodiff(self) -> bool:
+        """Is the oracle's autodiff the derivative of its forward, which agrees with the
+        kernel's: its program read, and no caveat in it (``_caveats``)?"""
+        caveats = self._caveats()
+        return not caveats and getattr(self.ref, "program_read", False)
 
     def _recognise_low_precision_backward(self):
         """The whole backward rounding to a lower precision: every gradient off by more than
@@ -771,10 +784,12 @@ def _score(a, ref, tol):
 class Judge:
     """The trusted legs of one tensor, ready to rule on any hand gradient of it."""
 
-    def __init__(self, name, key, x, g_auto, tol, dtype, fd, rng, policy, caveats=list):
+    def __init__(self, name, key, x, g_auto, tol, dtype, fd, rng, policy, caveats=list,
+                 exact_autodiff=lambda: False):
         self.name, self.key, self.x, self.g_auto, self.tol = name, key, x, g_auto, tol
         self.dtype, self.fd, self.policy = dtype, fd, policy
         self.caveats = caveats  # () -> why the oracle's autodiff may differ from its forward
+        self.exact_autodiff = exact_autodiff  # () -> is it that derivative (none, and read)?
         self.measured: Measured | None = None
         self.fd_tols: FdTolerances | None = None
         self.rng = rng
@@ -884,6 +899,11 @@ class Judge:
         if hand_auto_ok or self.fd.on_oracle or self.fd.skipped:
             result.verdict = _verdict(hand_auto_ok, hand_fd_ok, auto_fd_ok, kink,
                                       self.fd.on_oracle or self.fd.skipped)
+            if result.verdict.kind is Kind.FD_DISAGREES and not self.fd.on_oracle \
+                    and self.exact_autodiff():
+                # hand and autodiff agree, and autodiff is the derivative of a forward that
+                # agrees with the kernel's: what FD disagrees with is that derivative itself
+                result.verdict = Verdict(Kind.FD_SET_ASIDE, FD_ALONE)
             if outside is not None:
                 result.verdict = aggregate.with_reason(result.verdict, outside, self.name)
         elif not evidence:
@@ -943,7 +963,7 @@ def _against_fd(h, g, tol, m: Measured, fd_tols: FdTolerances):
         eh, ea = abs(float(np.sum(h * v)) - d), abs(float(np.sum(g * v)) - d)
         hand_ok &= eh <= t * scale + own
         auto_ok &= ea <= t * scale
-        hand_err, auto_err = max(hand_err, _rel(eh, scale)), max(auto_err, _rel(ea, scale))
+        hand_err, auto_err = max(hand_err, relative(eh, scale)), max(auto_err, relative(ea, scale))
         worst_tol = max(worst_tol, t)
     if m.elements is not None:
         scale, t = fd_tols.element_scale, fd_tols.elements
@@ -952,18 +972,10 @@ def _against_fd(h, g, tol, m: Measured, fd_tols: FdTolerances):
             return math.inf, math.inf, worst_tol, False, False
         hand_ok &= bool(np.all(eh <= t * scale + tol))
         auto_ok &= bool(np.all(ea <= t * scale))
-        hand_err = max(hand_err, _rel(float(eh.max()), scale))
-        auto_err = max(auto_err, _rel(float(ea.max()), scale))
+        hand_err = max(hand_err, relative(float(eh.max()), scale))
+        auto_err = max(auto_err, relative(float(ea.max()), scale))
         worst_tol = max(worst_tol, float(t.max()))
     return hand_err, auto_err, worst_tol, bool(hand_ok), bool(auto_ok)
-
-
-def _rel(err, scale):
-    if not math.isfinite(err):
-        return math.inf
-    if scale == 0.0:
-        return 0.0 if err == 0.0 else math.inf
-    return err / scale
 
 
 def _verdict(hand_auto_ok, hand_fd_ok, auto_fd_ok, kink, fd_on_oracle) -> Verdict:

@@ -168,6 +168,7 @@ class Oracle:
         """Why this oracle's autodiff may differ from its forward's derivative
         (``checks.evidence.autodiff_caveats``); [] when its program cannot be read."""
         from checks.evidence import autodiff_caveats
+        self.program_read = False
         if not self.traceable:
             return []
         try:
@@ -175,6 +176,7 @@ class Oracle:
                                                       self.params, self.arrays, None)
         except Exception:
             return []
+        self.program_read = True  # the caveats are known: none found means none there
         return autodiff_caveats(closed.jaxpr)
 
     def vjp(self, dout, through_model=False):
@@ -604,12 +606,19 @@ def _unit_vectors(shape):
         yield e.reshape(shape)
 
 
+def relative(err, scale):
+    """err relative to scale; where the scale is 0 (a reference identically zero) the error
+    itself: a relative error there is undefined, and an infinite one would read as a
+    non-finite value that no leg computed."""
+    if not math.isfinite(err):
+        return math.inf
+    return err / scale if scale > 0.0 else err
+
+
 def normwise(a, b):
-    """max |a - b| / max |b| (b the trusted reference); inf when non-finite."""
+    """max |a - b| / max |b| (b the trusted reference; ``relative``); inf when non-finite."""
     if not (np.all(np.isfinite(a)) and np.all(np.isfinite(b))):
         return math.inf
     scale = float(np.max(np.abs(b))) if b.size else 0.0
     diff = float(np.max(np.abs(a - b))) if a.size else 0.0
-    if scale == 0.0:
-        return 0.0 if diff == 0.0 else math.inf
-    return diff / scale
+    return relative(diff, scale)

@@ -1,5 +1,7 @@
 """A broken kernel or oracle gives a failing report naming what is wrong, never a crash; no
 non-finite value passes; the checker's draws never touch the global RNG; the CLI fails cleanly."""
+import math
+
 import numpy as np
 import jax.numpy as jnp
 import pytest
@@ -167,3 +169,65 @@ def test_cli_errors_are_one_line_and_status_2(argv, capsys):
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert err.startswith("python -m checks")
+
+
+def test_a_gradient_identically_zero_is_no_non_finite_value():
+    """y = x^3 at x = 0: the three legs' gradients are 0, FD's up to its O(h^2) truncation.
+    That is FD's step, not a non-finite value (before: "non-finite values: in the finite
+    differences", from an error relative to a zero scale)."""
+    report = check_layer(lambda x, p: (x ** 3, (x,)),
+                         lambda dy, cache: (3 * cache[0] ** 2 * dy, {}),
+                         lambda x, p: x ** 3, [np.zeros((3, 4))], {})
+    assert report.ok and "non-finite" not in str(report), str(report)
+
+
+def test_an_oracle_that_ignores_a_parameter_is_blamed_not_reported_non_finite():
+    """The oracle's layer norm uses gain 1 instead of params['g']: autodiff's dg is
+    identically zero, FD sides with the hand, and the oracle is blamed."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 5, 8))
+    params = {"g": 1 + 0.1 * rng.standard_normal(8), "b": rng.standard_normal(8)}
+    report = check_layer(kernels.layernorm_forward, kernels.layernorm_backward,
+                         lambda x, p: reference.layernorm(x, {**p, "g": p["g"] * 0 + 1}),
+                         [x], params)
+    g = next(t for t in report.tensors if t.name == "g")
+    assert g.verdict.kind is Kind.ORACLE_WRONG, str(report)
+    assert "non-finite" not in str(report) and math.isfinite(g.hand_vs_autodiff), str(report)
+
+
+def _rows_with_zero_variance():
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((2, 5, 8))
+    x[0, 1], x[1, 4] = 3.0, 0.0                      # a constant row and a row of zeros
+    return x, {"g": 1 + 0.1 * rng.standard_normal(8), "b": rng.standard_normal(8)}
+
+
+def test_fd_alone_disagreeing_with_an_exact_autodiff_is_set_aside():
+    """Layer norm on rows of zero variance (the lab's kernel and oracle, float64): hand and
+    autodiff agree to 1e-16, and central differences step across the curvature that eps
+    leaves (1 / sqrt(eps) = 316).  Nothing in the oracle's program lets its autodiff differ
+    from the derivative of its forward, so FD's disagreement is a note (before: a failure)."""
+    x, params = _rows_with_zero_variance()
+    report = check_layer(kernels.layernorm_forward, kernels.layernorm_backward,
+                         reference.layernorm, [x], params)
+    assert report.ok, str(report)
+    assert all(t.verdict.kind in (Kind.OK, Kind.FD_SET_ASIDE) for t in report.tensors)
+
+
+def test_fd_disagreeing_with_a_bug_hand_and_oracle_share_through_stop_gradient_fails():
+    """The same rows, an oracle whose gradient of g is 0.99 times the true one (its value
+    unchanged, through stop_gradient) and a hand backward with the same factor: hand and
+    autodiff agree, FD disagrees with both, and the oracle's program holds a caveat."""
+    import jax
+    x, params = _rows_with_zero_variance()
+
+    def oracle(x, p):
+        g = 0.99 * p["g"] + 0.01 * jax.lax.stop_gradient(p["g"])
+        return reference.layernorm(x, {**p, "g": g})
+
+    def backward(dy, cache):
+        dx, grads = kernels.layernorm_backward(dy, cache)
+        return dx, {**grads, "g": 0.99 * grads["g"]}
+    report = check_layer(kernels.layernorm_forward, backward, oracle, [x], params)
+    g = next(t for t in report.tensors if t.name == "g")
+    assert not report.ok and g.verdict.kind is Kind.FD_DISAGREES, str(report)
