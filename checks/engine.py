@@ -142,6 +142,9 @@ class LayerCheck:
         # half precision is judged by the compute format the kernel declares (plain NumPy's
         # rounding when it declares none: kernels.precision.computes_in)
         self.fd_scheme, self.given_dout = fd, dout
+        if not isinstance(policy, tolerances.Policy):
+            raise TypeError(f"policy: expected a checks.tolerances.Policy (tolerances.DEFAULT, "
+                            f"or one made from it), got {policy!r} ({type(policy).__name__})")
         self.policy = policy.for_compute(compute_format_of(forward, backward))
         self.notes, self.forward_error, self.forward_score = [], math.nan, math.nan
         self.forward_ok, self.judges, self.kink_moved = False, {}, {}
@@ -175,6 +178,10 @@ class LayerCheck:
         if len(self.names) != n:
             raise ValueError(f"input_names: expected {n} names (one per input), got "
                              f"{len(self.names)}")
+        wrong = [i for i in self.nondiff if not isinstance(i, (int, np.integer)) or not 0 <= i < n]
+        if wrong:
+            raise ValueError(f"nondiff: expected indices of the inputs, 0 to {n - 1}, got "
+                             f"{sorted(wrong, key=repr)}")
         self.host_inputs = [np.asarray(to_numpy(x)) for x in self.inputs]
         self.host_params = {k: np.asarray(to_numpy(v)) for k, v in self.params.items()}
         known = set(self.names) | set(self.host_params)

@@ -97,6 +97,15 @@ def _group_of(oracle, diff_idx, static_items, arrays) -> str:
     return program_cache.fingerprint(name, code, repr((diff_idx, static_items, shapes)), structure)
 
 
+def _one_output(out):
+    """The oracle's output, which must be one array (the layer's output, not (out, cache))."""
+    if isinstance(out, (tuple, list, dict)):
+        what = f"a {type(out).__name__} of {len(out)}"
+        raise TypeError(f"the oracle returned {what}; expected one array, the layer's output "
+                        f"(an oracle is the forward only: no cache, no gradient)")
+    return out
+
+
 class Oracle:
     """The oracle of one check, at fixed inputs: its forward, VJPs, rounding model, complex step."""
 
@@ -151,11 +160,13 @@ class Oracle:
         if self.traceable:
             try:
                 fn = self._fns[0][2]
-                return tuple(jax.eval_shape(fn, self._diff_values(), self.others, self.params,
-                                            self.arrays, None).shape)
+                out = jax.eval_shape(fn, self._diff_values(), self.others, self.params,
+                                     self.arrays, None)
             except Exception:
                 self._fns.pop(0)
-        return tuple(np.shape(self._run(2, self._diff_values(), self.params, None)))
+            else:
+                return tuple(_one_output(out).shape)
+        return tuple(np.shape(_one_output(self._run(2, self._diff_values(), self.params, None))))
 
     def forward_at(self, inputs64, params64):
         """The oracle's output at other values of its differentiable inputs and parameters

@@ -231,3 +231,16 @@ def test_fd_disagreeing_with_a_bug_hand_and_oracle_share_through_stop_gradient_f
     report = check_layer(kernels.layernorm_forward, backward, oracle, [x], params)
     g = next(t for t in report.tensors if t.name == "g")
     assert not report.ok and g.verdict.kind is Kind.FD_DISAGREES, str(report)
+
+
+def test_wrong_arguments_are_named_before_any_leg_runs():
+    x, params = case()
+    args = (kernels.linear_forward, kernels.linear_backward, reference.linear, [x], params)
+    with pytest.raises(TypeError, match="policy: expected a checks.tolerances.Policy"):
+        check_layer(*args, policy="strict")
+    with pytest.raises(ValueError, match="nondiff: expected indices of the inputs, 0 to 0"):
+        check_layer(*args, nondiff=(3,))
+    report = check_layer(kernels.linear_forward, kernels.linear_backward,
+                         lambda x, p: (reference.linear(x, p), None), [x], params)
+    assert not report.ok and report.error_in == "oracle"
+    assert "the oracle returned a tuple of 2; expected one array" in report.error, report.error
