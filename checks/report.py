@@ -118,6 +118,11 @@ def failure_line(layer: str, dtype: str, t: TensorResult) -> str:
     return head + body
 
 
+def _ratio(x: float) -> str:
+    """An err/tol column entry: two decimals, or three digits and an exponent from 1000 on."""
+    return f"{x:.2f}" if not x >= 1000 else f"{x:.3g}"
+
+
 def format_table(reports: Sequence[Report]) -> str:
     """One line per layer x tensor: the three legs' errors, the tolerance and the verdict;
     then one explaining line per failure and the notes."""
@@ -135,12 +140,13 @@ def format_table(reports: Sequence[Report]) -> str:
                            f"gradient comparisons are moot until the forward agrees")
         for n in r.notes:
             details.append(f"{r.layer} [{r.dtype}]  finding  {n}")
-        rows.append((r.layer, r.dtype, "forward", "", f"{r.forward_error:.1e}", "", "",
-                     f"{r.forward_score:.2f}", fwd))
+        part = (r.error_in or "forward") if r.error else "forward"  # the part that raised
+        rows.append((r.layer, r.dtype, part, "", f"{r.forward_error:.1e}", "", "",
+                     _ratio(r.forward_score), fwd))
         for t in r.tensors:
             rows.append((r.layer, r.dtype, t.name, "x".join(map(str, t.shape)) or "scalar",
                          f"{t.hand_vs_autodiff:.1e}", f"{t.hand_vs_fd:.1e}",
-                         f"{t.autodiff_vs_fd:.1e}", f"{t.score:.2f}",
+                         f"{t.autodiff_vs_fd:.1e}", _ratio(t.score),
                          "ok" if t.ok else f"FAIL: {t.verdict}"))
             if not t.ok:
                 details.append(failure_line(r.layer, r.dtype, t))

@@ -74,6 +74,11 @@ class Record(NamedTuple):
     flags: list            # which operands carry a gradient
 
 
+# a step of the oracle's program that no line of the oracle's own source holds (inside a library
+# function it calls, such as jax.nn.silu)
+UNPLACED = " (inside a function the oracle calls: no line of its own)"
+
+
 class Tensor(NamedTuple):
     """A value of the oracle's program or its cotangent: a candidate for a substitution."""
     kind: str       # "value", "cotangent", "input", "input gradient", "dout", "one" or
@@ -90,7 +95,7 @@ class Tensor(NamedTuple):
 
     def _what(self) -> str:
         at = f" at {self.where}" if self.where else ""
-        src = f"`{self.text}`" if self.text else f"the result of `{self.primitive}`"
+        src = f"`{self.text}`" if self.text else f"of a `{self.primitive}`{UNPLACED}"
         if self.kind == "one":
             return "1 (a factor left out)"
         if self.kind == "dout":
@@ -121,7 +126,7 @@ class Sub(NamedTuple):
     reads: str = ""  # the source of the operand the path goes into, where it is known
 
     def describe(self) -> str:
-        at = f" at {self.where}" if self.where else ""
+        at = f" at {self.where}" if self.where else UNPLACED
         src = f" (`{self.text}`)" if self.text else ""
         reads = f" (`{self.reads}`)" if self.reads and self.reads != self.text else ""
         which = f"operand {self.operand}{reads} of " if self.arity > 1 else ""
