@@ -32,7 +32,8 @@ import numpy as np
 from checks import aggregate, contract, tolerances
 from checks.diagnosis import Context, constants_from, diagnose, locate, of_autodiff
 from checks.evidence import blame, examine, pick
-from checks.legs import FD_JOINT_TENSORS, FiniteDifferences, Joint, Measured, Oracle, normwise, relative
+from checks.legs import (FD_JOINT_TENSORS, FiniteDifferences, Joint, Measured, Oracle, normwise,
+                         relative)
 from checks.report import Report, TensorResult, format_table, reports_to_json  # noqa: F401
 from checks.rounding import Unsupported, roundoffs
 from checks.signature import in_format, moved, precision_change, smooth
@@ -332,11 +333,14 @@ class LayerCheck:
 
     def _smooth_forward_error(self, error) -> bool:
         """Is the forward's error a bug's, the same function at moved inputs
-        (``checks.signature.smooth``)?  The hand forward and the oracle run again at every
-        floating input and parameter moved by a random relative 2^-10, on the host in float64
-        as finite differences run them.  A forward that cannot run there gives no evidence."""
+        (``checks.signature.smooth``)?  The hand forward and the oracle run again with every
+        differentiated input and every parameter moved by a random relative 2^-10 (the others
+        as they are: the oracle holds them fixed), on the host in float64 as finite
+        differences run them.  A forward that cannot run there gives no evidence."""
         rng = np.random.default_rng([self.seed, CHECKER_STREAM, SMOOTH_STREAM])
-        inputs, params = moved(self.inputs64, rng), moved(self.params64, rng)
+        inputs, params = list(self.inputs64), moved(self.params64, rng)
+        for i, x in zip(self.diff_idx, moved([inputs[i] for i in self.diff_idx], rng)):
+            inputs[i] = x
         try:
             out, _ = contract.forward_result(self.forward_fn(*inputs, params, **self.static))
             ref = self.ref.forward_at(inputs, params)
@@ -485,7 +489,7 @@ class LayerCheck:
         """Is the oracle's autodiff the derivative of its forward, which agrees with the
         kernel's: its program read, and no caveat in it (``_caveats``)?"""
         caveats = self._caveats()
-        return not caveats and getattr(self.ref, "program_read", False)
+        return not caveats and self.ref.program_read
 
     def _recognise_low_precision_backward(self):
         """The whole backward rounding to a lower precision: every gradient off by more than

@@ -45,10 +45,10 @@ from checks.verdict import Kind, Verdict
 WORST = 4        # disagreeing elements examined, the worst by |h - g| / tol
 RANDOM = 4       # random elements of the same slices (controls)
 DECISIVE = 4.0   # the disagreeing leg must miss FD by this many of its allowances
-# where hand and autodiff disagree by less than central differences resolve (their truncation
-# bound, FD_SAFETY u^(2/3): 2e-7 of the derivative in float64), the element is differenced again
-# by Richardson's extrapolation, whose bound is FD_SAFETY u^(4/5) (3e-9): four more runs of the
-# hand forward at each such element of a failing tensor
+# where central differences side with neither of two disagreeing legs (mostly: the legs lie
+# closer together than their truncation bound FD_SAFETY u^(2/3) resolves, 2e-7 of the derivative
+# in float64), the element is differenced again by Richardson's extrapolation, whose bound is
+# FD_SAFETY u^(4/5) (3e-9): four more runs of the hand forward at each such element
 FINER = {"central": "richardson"}
 # primitives through which autodiff need not be the derivative of the forward
 CUSTOM = {"custom_jvp_call": "a custom JVP rule (custom_jvp)",
@@ -112,7 +112,7 @@ def along(fd, key, x, v, scale, hand, autodiff, tol, index) -> Element:
     """The three legs along one direction v: the hand's and autodiff's derivatives along it
     (hand, autodiff), FD's with its tolerance eps at ``scale``, and tol the hand's own
     allowance along v; whom FD sides with, decisively (module docstring).  Where the legs
-    disagree by less than central differences resolve, Richardson's extrapolation is asked
+    disagree and central differences side with neither, Richardson's extrapolation is asked
     along the same direction (``FINER``)."""
     size = float(np.sqrt(np.mean(x * x))) if x.size else 1.0
     scheme = fd.scheme

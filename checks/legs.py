@@ -121,6 +121,7 @@ class Oracle:
         self._flips = None  # (dout, seed, roundoffs, flips) of the last spread, for kinks
         self._modelled = False  # whether _model built (or found) the rounding model
         self._unmodelled = None  # why it could not: raised again, not built twice
+        self.program_read = False  # whether ``caveats`` read the program (its answer is known)
         self._exact = None  # (dout, the model's exact run) of a check's vjp, for its spread
         # of the rounding model's program, once ``spread`` ran it
         self.samples, self.elements, self.large = tolerances.SAMPLES, 0, False
@@ -179,7 +180,6 @@ class Oracle:
         """Why this oracle's autodiff may differ from its forward's derivative
         (``checks.evidence.autodiff_caveats``); [] when its program cannot be read."""
         from checks.evidence import autodiff_caveats
-        self.program_read = False
         if not self.traceable:
             return []
         try:

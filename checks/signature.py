@@ -22,8 +22,8 @@ an axis, or a few elements.  So a finding is raised only when
 
 A tensor of fewer than 8 elements (a scalar loss) cannot show a pattern: it is recognised by its
 error alone, above the dtype's tolerance and within the lower precision's (two independent
-roundings of one element lie within SMOOTH_CHANGE of each other too often to tell: P(F(1, 1) <
-1/4) is 0.3, against 3e-3 for F(8, 8)).
+roundings of one element lie within SMOOTH_CHANGE of each other too often to tell: 16 % of
+normal pairs, against 5e-4 for 8 elements and none in 4e5 draws for 16).
 """
 from __future__ import annotations
 
@@ -34,7 +34,8 @@ REPRESENTABLE = 0.9    # fraction of a low-precision backward's values that are 
 FEW = 8                # below this many elements no pattern can be told
 MOVE = 2.0 ** -10      # relative move of every input and parameter for ``smooth``
 SMOOTH_CHANGE = 0.5    # a bug's error moves by less than this fraction of itself (rounding's:
-#                        about sqrt(2), below 0.5 with probability P(F(n, n) < 1/8): 3e-3 at n = 8)
+#                        about sqrt(2) of it; two independent normal errors of n elements come
+#                        this close with probability 5e-4 at n = 8, measured over 4e5 draws)
 
 
 def systematic(e, ref, shifts=True):

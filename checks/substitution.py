@@ -95,7 +95,7 @@ class Tensor(NamedTuple):
 
     def _what(self) -> str:
         at = f" at {self.where}" if self.where else ""
-        src = f"`{self.text}`" if self.text else f"of a `{self.primitive}`{UNPLACED}"
+        src = f"`{self.text}`" if self.text else f"the result of a `{self.primitive}`{UNPLACED}"
         if self.kind == "one":
             return "1 (a factor left out)"
         if self.kind == "dout":
@@ -107,7 +107,8 @@ class Tensor(NamedTuple):
         if self.kind == "input gradient":
             return f"the gradient of the input {self.text}"
         if self.kind == "value":
-            return f"the forward value {src}{at}"
+            return f"the forward value {src}{at}" if self.text else \
+                f"the forward value of a `{self.primitive}`{UNPLACED}"
         if self.kind == "constant":
             return f"the constant that {src}{at} reads"
         return f"the gradient of {src}{at} (its cotangent)"

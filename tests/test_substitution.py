@@ -203,3 +203,16 @@ def test_a_tensor_factor_taken_too_often_or_left_out_is_named():
     assert times(ref * f, ref, tensors, 1e-8)[1] is True
     assert times(ref / f, ref, tensors, 1e-8)[1] is False
     assert times(ref, ref, tensors, 1e-8) is None and times(2 * ref, ref, tensors, 1e-8) is None
+
+
+def test_a_step_with_no_line_of_the_oracles_own_is_said_so_in_a_sentence():
+    """A value inside a library function the oracle calls (jax.nn.silu) has no source text:
+    the description names its primitive and says why no line is given."""
+    from checks.substitution import UNPLACED, Tensor
+    value = Tensor("value", "mul", "", "", 0)
+    assert value.describe() == f"the forward value of a `mul`{UNPLACED}"
+    cotangent = Tensor("cotangent", "mul", "", "", 0)
+    assert cotangent.describe() == \
+        f"the gradient of the result of a `mul`{UNPLACED} (its cotangent)"
+    placed = Tensor("value", "mul", "oracle.py:3", "h * s", 0)
+    assert placed.describe() == "the forward value `h * s` at oracle.py:3"
