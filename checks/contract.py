@@ -34,6 +34,41 @@ def inputs_list(inputs) -> list:
     return list(inputs)
 
 
+def _is_jax_array(value) -> bool:
+    """A JAX array (jax.Array, a tracer): jax is imported only when the value's type is JAX's."""
+    if not type(value).__module__.startswith(("jax", "jaxlib")):
+        return False
+    import jax
+    return isinstance(value, jax.Array)
+
+
+def hand_arrays(names, inputs, params) -> None:
+    """The hand pair runs on the given arrays, so they must be NumPy or CuPy ones: a JAX array
+    would run the "hand" kernel through XLA (its products and sums are JAX's), and the check
+    would compare autodiff with JAX's own arithmetic, agreeing whatever the kernel's maths."""
+    tensors = list(zip(names, inputs)) + [(f"params[{k!r}]", v) for k, v in params.items()]
+    jax_ones = [name for name, value in tensors if _is_jax_array(value)]
+    if jax_ones:
+        raise TypeError(f"{', '.join(jax_ones)}: expected NumPy (or CuPy) arrays for the hand "
+                        f"kernels, got JAX arrays: the hand pair would run through JAX, not "
+                        f"as written; pass numpy.asarray(x) (the oracle gets its own copy)")
+
+
+def named_sizes(sizes) -> None:
+    """``sizes``: None or a dict of names (str) to positive integers."""
+    if sizes is None:
+        return
+    if not isinstance(sizes, dict):
+        raise TypeError(f"sizes: expected a dict of size names to integers ({{'B': 4, 'H': 2}}), "
+                        f"got {_describe(sizes)}")
+    wrong = [f"{k!r}: {v!r}" for k, v in sizes.items()
+             if not isinstance(k, str) or isinstance(v, (bool, np.bool_))
+             or not isinstance(v, (int, np.integer)) or v < 1]
+    if wrong:
+        raise ValueError(f"sizes: expected names (str) of positive integers, got "
+                         f"{', '.join(wrong)}")
+
+
 def forward_result(result):
     """(out, cache) from what the forward returned."""
     if not isinstance(result, tuple) or len(result) != 2:

@@ -115,7 +115,9 @@ def check_layer(forward: Callable, backward: Callable, oracle: Callable, inputs:
     static: keyword arguments of both forward and oracle (causal=True, a dropout mask).
     axes: tensor name -> axis names, to report the worst element as ``batch 3, head 1, ...``
     (and label the heat maps of ``Report.plot``); a key naming no tensor is a ValueError.
-    sizes: the layer's named sizes (B, T, H, P ...), to name a wrong scale factor.
+    sizes: the layer's named sizes (B, T, H, P ...: name -> positive int), to name a wrong scale
+    factor; a size that is the length of no axis of the case's tensors names nothing, and "H"
+    is the number of heads a grouped reduction is looked for over.
     fd: "central" (u^(1/3) step), "richardson", "complex", or "none" (hand vs autodiff only,
     for large models: a failure then cannot say which of the two is wrong).
     policy: the tolerance policy (``checks.tolerances.Policy``), e.g. a registry row's override.
@@ -183,6 +185,11 @@ class LayerCheck:
         if wrong:
             raise ValueError(f"nondiff: expected indices of the inputs, 0 to {n - 1}, got "
                              f"{sorted(wrong, key=repr)}")
+        if not isinstance(self.params, dict):
+            raise TypeError(f"params: expected a dict of the layer's parameters (name -> array, "
+                            f"{{}} for none), got {type(self.params).__name__}")
+        contract.hand_arrays(self.names, self.inputs, self.params)
+        contract.named_sizes(self.sizes)
         self.host_inputs = [np.asarray(to_numpy(x)) for x in self.inputs]
         self.host_params = {k: np.asarray(to_numpy(v)) for k, v in self.params.items()}
         known = set(self.names) | set(self.host_params)

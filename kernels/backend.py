@@ -55,10 +55,25 @@ def to_numpy(array):
 
 # --- validation at the public edge -------------------------------------------------------
 
+# the arrays the kernels run on; another library's array with a dtype and a shape (a JAX array)
+# would run the kernels' arithmetic through that library, not NumPy's or CuPy's
+ARRAY_TYPES = (numpy.ndarray, numpy.generic) + ((_cupy.ndarray,) if _cupy is not None else ())
+
+
+def check_array(name, x):
+    """x must be a NumPy or CuPy array."""
+    if not isinstance(x, ARRAY_TYPES):
+        kind = type(x).__module__.split(".")[0]
+        hint = " (convert with numpy.asarray)" if hasattr(x, "__array__") else ""
+        raise TypeError(f"{name}: expected a NumPy or CuPy array, got {kind}'s "
+                        f"{type(x).__name__}{hint}")
+
+
 def check_float(name, x, ndim=None):
-    """x must be a floating-point array (of rank ndim when given)."""
+    """x must be a floating-point NumPy or CuPy array (of rank ndim when given)."""
     if not hasattr(x, "dtype") or not hasattr(x, "shape"):
         raise TypeError(f"{name}: expected a floating-point array, got {type(x).__name__}")
+    check_array(name, x)
     if not is_float_dtype(x.dtype):
         raise TypeError(f"{name}: expected a floating-point array, got dtype {x.dtype}")
     if ndim is not None and x.ndim != ndim:
@@ -92,8 +107,8 @@ def check_params(layer, params, shapes, dtype):
         value = params[key]
         # the common case in one test (every kernel call validates its parameters): an array of
         # the expected floating dtype and shape, not empty
-        if floating and getattr(value, "dtype", None) == dtype and \
-                getattr(value, "shape", None) == tuple(shape) and value.size:
+        if floating and isinstance(value, ARRAY_TYPES) and value.dtype == dtype and \
+                value.shape == tuple(shape) and value.size:
             continue
         check_float(f"{layer} params[{key!r}]", value)
         if tuple(value.shape) != tuple(shape):

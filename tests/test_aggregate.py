@@ -276,3 +276,26 @@ def test_the_bias_beyond_the_known_final_rounding_holds_a_correct_kernel_and_see
     far = aggregate.bands(np.zeros(sets), 4 * U32 * np.full(shape, low), np.full(shape, low),
                           0.0, floor_u=U32, final_u=u, policy=p, tiny=p.tiny(dtype), dtype=dtype)
     assert far.beyond[0] < u / 20
+
+
+def test_a_tensor_failing_by_its_bias_alone_shows_the_bias_ratio_not_a_passing_one():
+    """The err/tol column and the failure line of a tensor whose elements pass and whose bias
+    fails: the aggregate test's ratio, named, not the elements' 0.94 beside a FAIL."""
+    from checks.report import Report, TensorResult, failure_line
+    from checks.verdict import Verdict
+    t = TensorResult("W", (32, 24), hand_vs_autodiff=1.9e-6, score=0.944, bias_score=7.99,
+                     hand_vs_fd=1e-7, autodiff_vs_fd=3e-13, ok=False,
+                     verdict=Verdict(Kind.HAND_WRONG, "the whole tensor of W is scaled"))
+    ok = TensorResult("b", (24,), hand_vs_autodiff=7e-8, score=0.06, bias_score=0.3,
+                      hand_vs_fd=7e-8, autodiff_vs_fd=7e-11, ok=True)
+    table = str(Report("linear", "float32", 2e-7, 0.25, True, [t, ok]))
+    row = next(line for line in table.splitlines() if line.startswith("linear  float32  W"))
+    assert "7.99 bias" in row and "0.94" not in row, row
+    assert "  0.06  " in table                      # a passing tensor: its elements' ratio
+    line = failure_line("linear", "float32", t)
+    assert "within its element tolerance (0.944x) but biased along autodiff's gradient 7.99x" \
+        in line, line
+    # elements beyond their tolerance too: theirs, as for any failure
+    t.score = 1.5
+    assert "1.50  " in str(Report("linear", "float32", 2e-7, 0.25, True, [t]))
+    assert "1.5x its tolerance" in failure_line("linear", "float32", t)

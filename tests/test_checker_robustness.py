@@ -70,6 +70,17 @@ def test_a_raising_part_is_named(part):
     assert "RuntimeError: boom" in report.error and part in str(report)
 
 
+def test_a_backward_raising_in_both_formats_prints_its_traceback_once():
+    from checks.report import format_table
+
+    def boom(dy, cache):
+        raise ValueError("matmul: size 12 is different from 8")
+    reports = [check(backward=boom, dtype=d) for d in (np.float64, np.float32)]
+    text = format_table(reports)
+    assert text.count("Traceback") == 1 and text.count("size 12 is different") == 5, text  # 2 rows, 1 detail + traceback
+    assert "linear.backward [float32]  FAIL  the same error as in float64 above" in text, text
+
+
 def test_forward_output_of_the_wrong_shape_or_dtype():
     report = check(forward=lambda x, p: (kernels.linear_forward(x, p)[0][:, :2],
                                          kernels.linear_forward(x, p)[1]))
@@ -244,3 +255,35 @@ def test_wrong_arguments_are_named_before_any_leg_runs():
                          lambda x, p: (reference.linear(x, p), None), [x], params)
     assert not report.ok and report.error_in == "oracle"
     assert "the oracle returned a tuple of 2; expected one array" in report.error, report.error
+
+
+def test_jax_arrays_for_the_hand_kernels_are_refused_not_run_through_jax():
+    """Given JAX arrays, the hand kernel's arithmetic would be JAX's: the check compared
+    autodiff with XLA's own products and passed whatever the kernel's maths.  The checker and
+    the lab's kernels refuse them and say how to convert."""
+    x, params = case()
+    args = (kernels.linear_forward, kernels.linear_backward, reference.linear)
+    with pytest.raises(TypeError, match=r"input0: expected NumPy \(or CuPy\) arrays"):
+        check_layer(*args, [jnp.asarray(x)], params)
+    with pytest.raises(TypeError, match=r"params\['W'\]: expected NumPy \(or CuPy\) arrays"):
+        check_layer(*args, [x], {**params, "W": jnp.asarray(params["W"])})
+    with pytest.raises(TypeError, match="x: expected a NumPy or CuPy array, got jaxlib's"):
+        kernels.linear_forward(jnp.asarray(x), params)
+    with pytest.raises(TypeError, match=r"linear params\['b'\]: expected a NumPy or CuPy array"):
+        kernels.linear_forward(x, {**params, "b": jnp.asarray(params["b"])})
+
+
+@pytest.mark.parametrize("sizes, error", [
+    ({"H": 2.5}, "'H': 2.5"), ({"B": 0}, "'B': 0"), ({"H": True}, "'H': True"),
+    ({3: 4}, "3: 4"), ([("H", 2)], None)])
+def test_sizes_that_name_no_positive_integer_are_refused(sizes, error):
+    x, params = case()
+    args = (kernels.linear_forward, kernels.linear_backward, reference.linear, [x], params)
+    if error is None:
+        with pytest.raises(TypeError, match="sizes: expected a dict of size names"):
+            check_layer(*args, sizes=sizes)
+    else:
+        with pytest.raises(ValueError, match="sizes: expected names .* of positive integers, "
+                                             "got " + error):
+            check_layer(*args, sizes=sizes)
+    assert check_layer(*args, sizes={"B": 3, "T": np.int64(4)}).ok

@@ -54,6 +54,19 @@ def test_a_failure_line_keeps_its_bug_size_and_words_but_not_its_worst_index():
     assert differences("failure", FAILURE, FAILURE.replace("2.11e+14x", "0.5x"))
 
 
+BIASED = ("linear.W [float32]  FAIL  hand vs autodiff 1.9e-06, within its element tolerance "
+          "(0.944x) but biased along autodiff's gradient 7.99x the aggregate test's band (FD "
+          "agrees with autodiff); worst at row 7, col 13")
+
+
+def test_an_aggregate_failure_line_keeps_its_ratios_on_their_sides_of_1():
+    assert differences("failure", BIASED, BIASED.replace("0.944x", "0.61x")
+                       .replace("7.99x", "5.2x")) == []
+    assert differences("failure", BIASED, BIASED.replace("0.944x", "1.2x"))
+    assert differences("failure", BIASED, BIASED.replace("7.99x", "0.9x"))
+    assert differences("failure", BIASED, BIASED.replace("7.99x", "120x"))
+
+
 def test_noise_is_floored_at_unit_roundoff():
     assert same_magnitude(0.0, 1.5e-16, floor=2 ** -53)
     assert not same_magnitude(0.0, 1e-14, floor=2 ** -53)
