@@ -29,7 +29,7 @@ from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 
-from checks import aggregate, contract, tolerances
+from checks import aggregate, arrangements, contract, tolerances
 from checks.diagnosis import Context, constants_from, diagnose, locate, of_autodiff
 from checks.evidence import blame, examine, pick
 from checks.legs import (FD_JOINT_TENSORS, FiniteDifferences, Joint, Measured, Oracle, normwise,
@@ -158,6 +158,8 @@ class LayerCheck:
         # (``settle_kinks``); False runs them with the spreads, whatever the result
         self.defer_kinks = True
         self.kinks_deferred = False  # the moves are not run yet (``settle_kinks`` runs them)
+        # key -> the allowance of another arrangement of the oracle's maths (``_arrangement``)
+        self.arranged, self._arranged_where = {}, ""
 
     @contextlib.contextmanager
     def _timed(self, stage):
@@ -436,15 +438,20 @@ class LayerCheck:
         but the check fails all the same (finite differences, a finding), the legs again with
         them: the verdict is then the one the kinks' tolerances give, as if run with the
         spreads (the same finite-difference directions: the stream is rewound).  A check that
-        passes without them says how many predicates it left unmoved."""
-        before = (len(self.notes), self.u_backward, self.u_inputs, self.rng.bit_generator.state)
+        passes without them says how many predicates it left unmoved.  Where a gradient still
+        fails and the oracle differentiates through a max its maths does not depend on, the
+        legs once more against either arrangement of that maths (``_arrangement``)."""
+        start = self._snapshot()
         self.legs()
         if self.kinks_deferred and not (self.forward_ok and all(r.ok for r in self.results)):
-            del self.notes[before[0]:]
-            _, self.u_backward, self.u_inputs, self.rng.bit_generator.state = before
-            self.judges = {}
+            self._rewind(start)
             self.settle_kinks()
+            start = self._snapshot()
             self.legs()
+        if not all(r.ok for r in self.results) and self._arrangement():
+            self._rewind(start)  # judged again, each element against either arrangement
+            self.legs()
+            self.notes.append(Note(Finding.ARRANGEMENT, (("where", self._arranged_where),)))
         if self.kinks_deferred and self.flipped:
             self.notes.append(Note(Finding.KINKS_UNNEEDED, (("flipped", self.flipped),)))
 
@@ -554,6 +561,17 @@ class LayerCheck:
                 r.ok = False
                 r.score = max(r.score, _score(j.last_hand, j.g_auto, own))
 
+    def _snapshot(self):
+        """What the legs change (notes, roundoffs, the finite differences' stream), before them."""
+        return len(self.notes), self.u_backward, self.u_inputs, self.rng.bit_generator.state
+
+    def _rewind(self, start):
+        """The state the legs started from (``_snapshot``), to run them again with other
+        tolerances: the same directions, the same draws."""
+        del self.notes[start[0]:]
+        _, self.u_backward, self.u_inputs, self.rng.bit_generator.state = start
+        self.judges = {}
+
     def _fit_tol(self, result):
         """The scalar tolerance a bug pattern is fitted within: the tensor's own, or, where the
         forward rounds to a lower precision, that precision's (the backward then consumes
@@ -629,8 +647,52 @@ class LayerCheck:
                          format=max(self.u, self.u_forward[0]))
 
     def _moved(self, key):
-        """How far an element of a tensor moves with its kinks' branches flipped (0 if none)."""
-        return self.kink_moved.get(key, 0.0)
+        """How far an element of a tensor may move in a correct kernel beyond its rounding: its
+        kinks' branches flipped, and another arrangement of the oracle's maths (0 if none)."""
+        return self.kink_moved.get(key, 0.0) + self.arranged.get(key, 0.0)
+
+    def _arrangement(self) -> bool:
+        """Builds the allowance of another arrangement of the oracle's maths, its max and min
+        reductions held constant (``checks.arrangements``), for the tensors where the two
+        programs agree within both tolerances at every element; whether any element's
+        tolerance grew.  Run where a check fails, once."""
+        if self.arranged or self.spread_out is None or self.ref.large:
+            return False
+        closed = self.ref.program()
+        if closed is None or not arrangements.has_shifts(closed.jaxpr):
+            return False
+        with self._timed("rounding model: arrangement"):
+            try:
+                other = Oracle(arrangements.constant_shifts(self.oracle_fn), self.inputs64,
+                               self.params64, self.static, self.diff_idx)
+                _, g_in, g_params = other.vjp(self.dout64, through_model=True)
+                _, s_in, s_params = other.spread(self.dout64, self.seed,
+                                                 kink_us=self._kink_us())
+            except Exception:  # noqa: BLE001  (no second arrangement: judged as before)
+                return False
+        allowed, counts = {}, []
+        for key, judge in self._tensor_keys():
+            g = self.auto_in[key] if isinstance(key, int) else self.auto_params[key]
+            g_other = g_in[key] if isinstance(key, int) else g_params[key]
+            tol = self._tol(self._spread_of(key), g) + self._moved(key)
+            tol_other = self._tol(s_in[key] if isinstance(key, int) else s_params[key], g_other)
+            gap = np.abs(np.asarray(g_other, np.float64) - g)
+            if not np.all(gap <= tol + tol_other):  # not the same maths: a max that matters
+                continue
+            extra = np.maximum(tol_other + gap - tol, 0.0)
+            if np.any(extra):
+                allowed[key] = extra
+            n = int(np.count_nonzero(extra > tol))  # where the tolerance more than doubles
+            if n:
+                counts.append(f"{n} of {judge}")
+        self.arranged = allowed
+        self._arranged_where = ", ".join(counts) or "none of them more than doubled"
+        return bool(allowed)
+
+    def _tensor_keys(self):
+        """(key, name) of every differentiated input and parameter, in the legs' order."""
+        return [(key, self.names[key] if isinstance(key, int) else key)
+                for key in list(self.diff_idx) + list(self.params)]
 
     def _spread_of(self, key):
         if self.spread_out is None:

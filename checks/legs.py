@@ -176,16 +176,22 @@ class Oracle:
         params = {k: jax.device_put(np.asarray(v)) for k, v in params64.items()}
         return np.asarray(self._run(2, values, params, None))
 
+    def program(self):
+        """The oracle's forward program (a closed jaxpr), or None when it cannot be read."""
+        if not self.traceable:
+            return None
+        try:
+            return jax.make_jaxpr(self._fns[-1][2])(self._diff_values(), self.others,
+                                                    self.params, self.arrays, None)
+        except Exception:
+            return None
+
     def caveats(self):
         """Why this oracle's autodiff may differ from its forward's derivative
         (``checks.evidence.autodiff_caveats``); [] when its program cannot be read."""
         from checks.evidence import autodiff_caveats
-        if not self.traceable:
-            return []
-        try:
-            closed = jax.make_jaxpr(self._fns[-1][2])(self._diff_values(), self.others,
-                                                      self.params, self.arrays, None)
-        except Exception:
+        closed = self.program()
+        if closed is None:
             return []
         self.program_read = True  # the caveats are known: none found means none there
         return autodiff_caveats(closed.jaxpr)

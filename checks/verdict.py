@@ -65,6 +65,11 @@ class Finding(enum.Enum):
     KINKS_UNNEEDED = ("{flipped} predicate elements within rounding of a kink: every element "
                       "agreed within the tolerances without either branch's allowance, so the "
                       "moves of their branches were not run")
+    ARRANGEMENT = ("the oracle differentiates through a max (or min) that its maths does not "
+                   "depend on, a stable formula's shift without stop_gradient: that path "
+                   "carries no gradient but rounds otherwise, so each element is also judged "
+                   "against the oracle with the max held constant (as jax.nn.softmax holds "
+                   "it); elements whose tolerance that more than doubled: {where}")
     NO_ROUNDING_MODEL = ("the oracle could not be traced for the rounding model ({why}): every "
                          "element may err by {slack:.3g} x u x the tensor's largest element, "
                          "errors below that go unseen; "
