@@ -74,8 +74,8 @@ class Record(NamedTuple):
     flags: list            # which operands carry a gradient
 
 
-# a step of the oracle's program that no line of the oracle's own source holds (inside a library
-# function it calls, such as jax.nn.silu)
+# a step of the oracle's program that no line of the oracle's own source holds or calls (a step
+# inside a library function is placed at the line that calls it: ``_placed``)
 UNPLACED = " (inside a function the oracle calls: no line of its own)"
 
 
@@ -95,7 +95,8 @@ class Tensor(NamedTuple):
 
     def _what(self) -> str:
         at = f" at {self.where}" if self.where else ""
-        src = f"`{self.text}`" if self.text else f"the result of a `{self.primitive}`{UNPLACED}"
+        src = f"`{self.text}`" if self.text else \
+            f"the result of a `{self.primitive}`" + ("" if self.where else UNPLACED)
         if self.kind == "one":
             return "1 (a factor left out)"
         if self.kind == "dout":
@@ -108,7 +109,7 @@ class Tensor(NamedTuple):
             return f"the gradient of the input {self.text}"
         if self.kind == "value":
             return f"the forward value {src}{at}" if self.text else \
-                f"the forward value of a `{self.primitive}`{UNPLACED}"
+                f"the forward value of a `{self.primitive}`{at or UNPLACED}"
         if self.kind == "constant":
             return f"the constant that {src}{at} reads"
         return f"the gradient of {src}{at} (its cotangent)"
@@ -148,10 +149,10 @@ class Sub(NamedTuple):
                 f"other operand")
 
 
-def _interpret(jaxpr, consts, args, active_in, hook, order=None):
+def _interpret(jaxpr, consts, args, active_in, hook, order=None, calls=()):
     """Evaluate a jaxpr; hook(eqn, ins, flags, outs, order) -> outs for each primitive
-    equation (calls are entered)."""
-    order = order if order is not None else [0]
+    equation (calls are entered).  order: [count, {order: the call equations it is inside}]."""
+    order = order if order is not None else [0, {}]
     env, active = {}, {}
 
     def read(v):
@@ -168,14 +169,31 @@ def _interpret(jaxpr, consts, args, active_in, hook, order=None):
         if eqn.primitive.name in CALLS:
             sub = eqn.params.get("jaxpr") or eqn.params.get("call_jaxpr")
             inner = sub.jaxpr if hasattr(sub, "consts") else sub
-            outs = _interpret(inner, getattr(sub, "consts", []), ins, flags, hook, order)
+            outs = _interpret(inner, getattr(sub, "consts", []), ins, flags, hook, order,
+                              calls + (eqn,))
         else:
             out = eqn.primitive.bind(*ins, **eqn.params)
             outs = list(out) if eqn.primitive.multiple_results else [out]
+            if calls:
+                order[1][order[0]] = calls
             outs = hook(eqn, ins, flags, outs, order[0])
         for var, value in zip(eqn.outvars, outs):
             env[var], active[var] = value, any(flags)
     return [read(v) for v in jaxpr.outvars]
+
+
+def _placed(eqn, calls):
+    """(where, text) of an equation: its own line and expression, or, for a step inside a
+    library function the oracle calls (jax.nn.silu), the line of that call: "file:line, inside
+    `jax.nn.silu(h)`" with no expression of its own."""
+    where, text = _frame(eqn)
+    if where:
+        return where, text
+    for call in reversed(calls):  # the innermost call a line of the oracle makes
+        at, called = _frame(call)
+        if at:
+            return f"{at}, inside `{called}`", ""
+    return "", ""
 
 
 def _near(a, b) -> bool:
@@ -227,8 +245,9 @@ class Substitutions:
                 shapes.append(jax.ShapeDtypeStruct(outs[0].shape, outs[0].dtype))
                 eqns.append((eqn, order))
             return outs
+        counted = [0, {}]  # the order of each equation, and the calls it is inside
         jax.eval_shape(lambda *f: _interpret(closed.jaxpr, closed.consts, list(f), active,
-                                             shape_hook), *self.flat)
+                                             shape_hook, counted), *self.flat)
 
         def loss(probes, flat):
             seen, k = [], [0]
@@ -248,7 +267,7 @@ class Substitutions:
                        for n, x, g, a in zip(names, self.flat, grads, self.active) if a]
         records = []
         for (eqn, order), (v, ins, flags), c in zip(eqns, seen, cts):
-            where, text = _frame(eqn)
+            where, text = _placed(eqn, counted[1].get(order, ()))
             records.append(Record(eqn, order, where, text, np.asarray(v), np.asarray(c),
                                   [np.asarray(x) for x in ins], flags))
         return records

@@ -216,3 +216,39 @@ def test_a_step_with_no_line_of_the_oracles_own_is_said_so_in_a_sentence():
         f"the gradient of the result of a `mul`{UNPLACED} (its cotangent)"
     placed = Tensor("value", "mul", "oracle.py:3", "h * s", 0)
     assert placed.describe() == "the forward value `h * s` at oracle.py:3"
+
+
+def silu_gated_forward(x, params):
+    u, h = x @ params["W1"], x @ params["W3"]             # (N, F) value and gate
+    s = 1 / (1 + np.exp(-h))                              # (N, F) sigmoid(h)
+    return (u * (h * s)) @ params["W2"], (x, u, h, s, params)
+
+
+def silu_gated_backward(dy, cache):
+    """The bug: silu's derivative s (1 + h (1 - s)) written with silu(h) = h s in place of h."""
+    x, u, h, s, params = cache
+    dg = dy @ params["W2"].T                              # (N, F)
+    du = dg * (h * s)                                     # (N, F)
+    dh = dg * u * (s * (1 + (h * s) * (1 - s)))           # (N, F) the bug: h s read for h
+    return du @ params["W1"].T + dh @ params["W3"].T, \
+        {"W1": x.T @ du, "W3": x.T @ dh, "W2": (u * h * s).T @ dy}
+
+
+def test_a_step_inside_a_library_function_is_placed_at_the_oracles_call_of_it():
+    """The oracle calls jax.nn.silu, whose steps have no line of the oracle's own: the
+    diagnosis names the step by the line that calls it and the call's expression."""
+    import jax
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((6, 4))
+    params = {"W1": rng.standard_normal((4, 5)) / 2, "W3": rng.standard_normal((4, 5)) / 2,
+              "W2": rng.standard_normal((5, 4)) / 2}
+
+    def oracle(x, params):
+        return (x @ params["W1"] * jax.nn.silu(x @ params["W3"])) @ params["W2"]
+    report = check_layer(silu_gated_forward, silu_gated_backward, oracle, [x], params,
+                         input_names=("x",))
+    bad = {t.name: t for t in report.tensors if not t.ok}
+    assert set(bad) == {"x", "W3"}, str(report)
+    for t in bad.values():
+        assert "inside `jax.nn.silu(x @ params[\"W3\"])`" in t.diagnosis, t.diagnosis
+        assert "test_substitution.py:" in t.diagnosis and "no line of its own" not in t.diagnosis
