@@ -106,6 +106,20 @@ def _frame(eqn):
     return f"{rel}:{frame.start_line}", text
 
 
+def _placed(eqn, calls):
+    """(where, text) of an equation: its own line and expression, or, for a step inside a
+    library function the oracle calls (jax.nn.silu), the line of that call: "file:line, inside
+    `jax.nn.silu(h)`" with no expression of its own."""
+    where, text = _frame(eqn)
+    if where:
+        return where, text
+    for call in reversed(calls):  # the innermost call a line of the oracle makes
+        at, called = _frame(call)
+        if at:
+            return f"{at}, inside `{called}`", ""
+    return "", ""
+
+
 def _is_float(x):
     return jnp.issubdtype(jnp.result_type(x), jnp.floating)
 
@@ -147,7 +161,9 @@ class _Walker:
             return value
         return _scale(value, self.factors[k])
 
-    def eval(self, jaxpr, consts, args, active_in):
+    def eval(self, jaxpr, consts, args, active_in, calls=()):
+        """calls: the call equations this program is inside (a library function's steps are
+        placed at the oracle's line that calls it, ``_placed``)."""
         env, active = {}, {}
         uses = {}
         for eqn in jaxpr.eqns:
@@ -173,10 +189,10 @@ class _Walker:
             if name in CALLS:
                 sub = eqn.params.get("jaxpr") or eqn.params.get("call_jaxpr")
                 inner = sub.jaxpr if hasattr(sub, "consts") else sub
-                outs = self.eval(inner, getattr(sub, "consts", []), ins, flags)
+                outs = self.eval(inner, getattr(sub, "consts", []), ins, flags, calls + (eqn,))
                 out_active = any(flags)
             else:
-                where, text = _frame(eqn) if self.factors is None else ("", "")
+                where, text = _placed(eqn, calls) if self.factors is None else ("", "")
                 scaled, index = list(ins), {}
                 for i, (v, x, a) in enumerate(zip(eqn.invars, ins, flags)):
                     if a and _is_float(x):

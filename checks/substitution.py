@@ -42,7 +42,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.extend import core as jcore
 
-from checks.attribution import (CALLS, MAX_EQUATIONS, PLUMBING, _case_key, arrays_digest, _frame, _is_float,
+from checks.attribution import (CALLS, MAX_EQUATIONS, PLUMBING, _case_key, _is_float, _placed,
+                                arrays_digest,
                                 _ranked,
                                 built_once, greedy, oracle_program, per_name)
 from kernels.backend import to_numpy
@@ -180,20 +181,6 @@ def _interpret(jaxpr, consts, args, active_in, hook, order=None, calls=()):
         for var, value in zip(eqn.outvars, outs):
             env[var], active[var] = value, any(flags)
     return [read(v) for v in jaxpr.outvars]
-
-
-def _placed(eqn, calls):
-    """(where, text) of an equation: its own line and expression, or, for a step inside a
-    library function the oracle calls (jax.nn.silu), the line of that call: "file:line, inside
-    `jax.nn.silu(h)`" with no expression of its own."""
-    where, text = _frame(eqn)
-    if where:
-        return where, text
-    for call in reversed(calls):  # the innermost call a line of the oracle makes
-        at, called = _frame(call)
-        if at:
-            return f"{at}, inside `{called}`", ""
-    return "", ""
 
 
 def _near(a, b) -> bool:

@@ -252,3 +252,16 @@ def test_a_step_inside_a_library_function_is_placed_at_the_oracles_call_of_it():
     for t in bad.values():
         assert "inside `jax.nn.silu(x @ params[\"W3\"])`" in t.diagnosis, t.diagnosis
         assert "test_substitution.py:" in t.diagnosis and "no line of its own" not in t.diagnosis
+
+    def sign_flipped(dy, cache):  # s (1 - h (1 - s)): a sign flipped inside silu's derivative
+        x, u, h, s, params = cache
+        dg = dy @ params["W2"].T
+        du, dh = dg * (h * s), dg * u * (s * (1 - h * (1 - s)))
+        return du @ params["W1"].T + dh @ params["W3"].T, \
+            {"W1": x.T @ du, "W3": x.T @ dh, "W2": (u * h * s).T @ dy}
+    report = check_layer(silu_gated_forward, sign_flipped, oracle, [x], params,
+                         input_names=("x",))
+    for t in (t for t in report.tensors if not t.ok):   # the scale attribution's sentence
+        assert "the path through `logistic` at " in t.diagnosis \
+            and "inside `jax.nn.silu(x @ params[\"W3\"])` has the wrong sign" in t.diagnosis, \
+            t.diagnosis
