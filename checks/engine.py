@@ -158,6 +158,7 @@ class LayerCheck:
         # (``settle_kinks``); False runs them with the spreads, whatever the result
         self.defer_kinks = True
         self.kinks_deferred = False  # the moves are not run yet (``settle_kinks`` runs them)
+        self.failed = None  # the report of a run that stopped where a part raised
         # key -> the allowance of another arrangement of the oracle's maths (``_arrangement``)
         self.arranged, self._arranged_where = {}, ""
 
@@ -837,8 +838,10 @@ class LayerCheck:
                 self.compare_forward()
             self.rounding()
         except _Failed as failed:
-            return Report(self.name, str(self.dtype), self.forward_error, math.nan, False, [],
-                          error=failed.message, error_in=failed.part, notes=self.notes)
+            self.failed = Report(self.name, str(self.dtype), self.forward_error, math.nan,
+                                 False, [], error=failed.message, error_in=failed.part,
+                                 notes=self.notes)
+            return self.failed
         with self._timed("legs"):
             self._legs_with_kinks()
         if diagnose:
@@ -847,6 +850,9 @@ class LayerCheck:
         return self.report()
 
     def report(self, results=None) -> Report:
+        """The report of the check as run (the one ``run`` returned where a part raised)."""
+        if self.failed is not None and results is None:
+            return self.failed
         return Report(self.name, str(self.dtype), self.forward_error, self.forward_score,
                       bool(self.forward_ok), list(results if results is not None
                                                   else self.results), notes=self.notes)

@@ -45,10 +45,11 @@ class Grade:
     worst: str         # the tensor whose hand / XLA ratio is largest
     worst_ratio: float
     tensors: dict      # name -> (hand error, XLA error), RMS over seeds
+    error: str = ""    # what the hand kernel raised, where it did (no grade then)
 
     @property
     def ratio(self) -> float:
-        return self.hand / self.xla
+        return self.hand / self.xla if not self.error else math.nan
 
     def sentence(self) -> str:
         return f"{self.layer} {self.dtype}: {self.ratio:.2g}x autodiff's {self.dtype} error"
@@ -89,16 +90,28 @@ def errors(row, dtype, seed, sizes=None, backward=None) -> dict:
     low = Oracle(row.oracle, inputs, params, static, diff_idx)
     _, gx_in, gx_params = low.vjp(dout)
     gx = _named(gx_in, gx_params, names, diff_idx)
-    _, cache = row.forward(*inputs, params, **static)
-    dinputs, dparams = (backward or row.backward)(dout, cache)
-    gh = _named(dinputs, dparams, names, diff_idx)
+    try:
+        _, cache = row.forward(*inputs, params, **static)
+        dinputs, dparams = (backward or row.backward)(dout, cache)
+        gh = _named(dinputs, dparams, names, diff_idx)
+    except Exception as exc:  # noqa: BLE001  (a broken kernel is a row of the table)
+        raise HandRaised(f"the hand kernel raised {type(exc).__name__}: {exc}") from None
     return {k: (_rel(gh[k], g64[k]), _rel(gx[k], g64[k])) for k in g64}
 
 
+class HandRaised(Exception):
+    """The hand forward or backward raised: the row has no grade."""
+
+
 def grade(row, dtype, seeds=SEEDS, sizes=None, backward=None) -> Grade:
-    """The grade of one row in one dtype over ``seeds`` cases."""
+    """The grade of one row in one dtype over ``seeds`` cases (a kernel that raises: a Grade
+    with its error and no numbers)."""
     floor = FLOOR * tolerances.unit_roundoff(np.dtype(dtype))
-    per_seed = [errors(row, dtype, seed, sizes, backward) for seed in range(seeds)]
+    try:
+        per_seed = [errors(row, dtype, seed, sizes, backward) for seed in range(seeds)]
+    except HandRaised as exc:
+        return Grade(row.name, str(np.dtype(dtype)), math.nan, math.nan, "", math.nan, {},
+                     str(exc))
     rms = lambda xs: math.sqrt(sum(x * x for x in xs) / len(xs))
     tensors = {k: tuple(max(rms([e[k][i] for e in per_seed]), floor) for i in (0, 1))
                for k in per_seed[0]}
@@ -126,7 +139,8 @@ def _error(value, dtype) -> str:
 def format_grades(grades) -> str:
     head = ["layer", "dtype", "hand error", "XLA error", "grade (hand / XLA)", "worst tensor"]
     body = [[g.layer, g.dtype, _error(g.hand, g.dtype), _error(g.xla, g.dtype),
-             f"{g.ratio:.2g}x", f"{g.worst} {g.worst_ratio:.2g}x"] for g in grades]
+             f"{g.ratio:.2g}x", f"{g.worst} {g.worst_ratio:.2g}x"] if not g.error else
+            [g.layer, g.dtype, "-", "-", "no grade", g.error.splitlines()[0]] for g in grades]
     widths = [max(len(r[i]) for r in body + [head]) for i in range(len(head))]
     line = lambda r: "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |"
     return "\n".join([line(head), "| " + " | ".join("-" * w for w in widths) + " |"]
@@ -136,8 +150,11 @@ def format_grades(grades) -> str:
 def summary(grades) -> str:
     """Per dtype: the range of the grades and the row graded worst."""
     lines = []
-    for dtype in dict.fromkeys(g.dtype for g in grades):
-        of = [g for g in grades if g.dtype == dtype]
+    for g in grades:
+        if g.error:
+            lines.append(f"{g.layer} {g.dtype}: no grade: {g.error.splitlines()[0]}")
+    for dtype in dict.fromkeys(g.dtype for g in grades if not g.error):
+        of = [g for g in grades if g.dtype == dtype and not g.error]
         worst = max(of, key=lambda g: g.ratio)
         lines.append(f"{dtype}: grades {min(g.ratio for g in of):.2g}x to {worst.ratio:.2g}x "
                      f"over {len(of)} rows; worst {worst.sentence()}")
@@ -192,4 +209,4 @@ def command(args) -> int:
             [f"`$ python -m checks {args.command_line}`", "", format_grades(grades), "", "```",
              summary(grades), "```"]))
         print(f"wrote the table into {DOCS / DOCS_FILE}")
-    return 0
+    return 1 if any(g.error for g in grades) else 0

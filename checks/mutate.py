@@ -137,9 +137,16 @@ def module_targets(path: str) -> tuple:
         raise ValueError(f"--module: no such file {path!r}")
     name = "user_layers_" + file.stem
     spec = importlib.util.spec_from_file_location(name, file)
+    if spec is None or spec.loader is None:
+        raise ValueError(f"--module: {path} is not a Python module (a .py file is expected)")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:  # noqa: BLE001  (the user's module: said in one line)
+        sys.modules.pop(name, None)
+        raise ValueError(f"--module: {path} could not be imported: "
+                         f"{type(exc).__name__}: {exc}") from None
     rows = getattr(module, "ROWS", None)
     if not rows:
         raise ValueError(f"--module: {path} defines no ROWS (a list of checks.registry.Row of "
@@ -175,9 +182,33 @@ def prepare(target: Target, function: str, sizes: dict) -> None:
         sys.setprofile(profile)
         try:
             _gradients(row, row.backward, 0, sizes)
+        except Exception as exc:  # noqa: BLE001  (the unmutated kernel: said in one line)
+            raise ValueError(f"{row.name}: its forward or backward raises before any mutation "
+                             f"({type(exc).__name__}: {exc}); mutants of a kernel that does "
+                             f"not run say nothing") from None
         finally:
             sys.setprofile(None)
     target.source.local_shapes(function, shapes)
+
+
+def originals_pass(chosen, dtypes, sizes) -> None:
+    """Every row whose backward is mutated passes its own check, unmutated, in every format:
+    a mutant of a backward that fails already is 'caught' whatever it changes, so its scores
+    would say nothing (a ValueError naming the row and its failing tensors)."""
+    functions = {(id(target), m.function): target for target, m in chosen}
+    for (_, function), target in functions.items():
+        for row in target.rows:
+            if getattr(inspect.unwrap(row.backward), "__name__", None) != function:
+                continue
+            for dtype in dtypes:
+                check = _row_check(row, dtype, row.backward, sizes)
+                if check.caught:
+                    failing = ", ".join(check.diagnoses) or "its forward"
+                    raise ValueError(
+                        f"{function}: the unmutated backward fails its own check (row "
+                        f"{row.name}, {check.dtype}, failing: {failing}), so every mutant of "
+                        f"it would count as caught; fix it first (the row's check_layer "
+                        f"report says what is wrong)")
 
 
 def _is_array(value) -> bool:
@@ -386,6 +417,7 @@ def run(module=None, kernels=None, operators=None, dtypes=("float64", "float32")
     from checks.parallel import map_tasks
     sizes = dict(_zoo_sizes() if sizes is None else sizes)
     chosen = select(module, kernels, operators, limit, sizes)
+    originals_pass(chosen, dtypes, sizes)
     tasks = [(str(module) if module else None, m.function, m.index, tuple(dtypes),
               tuple(sorted(sizes.items()))) for _, m in chosen]
     return map_tasks(_task, tasks, workers=workers, desc="mutants", progress=progress)

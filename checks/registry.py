@@ -231,7 +231,9 @@ def named_sizes(sizes=None, row=None):
     """The sizes a row's case is drawn at, with P = D / H: names for a wrong scale factor."""
     s = {**(row.size_names() if row else DEFAULT_SIZES), **(sizes or {}),
          **(row.fixed if row else {})}
-    return {**s, "P": s["D"] // s["H"]}
+    if s["D"] >= s["H"]:  # the head width, where there is one (D = 1 with the default H has none)
+        s["P"] = s["D"] // s["H"]
+    return s
 
 
 def layer_check(row, dtype, *, seed=0, sizes=None, xp=np, fd="central", backward=None,

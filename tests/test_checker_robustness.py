@@ -162,6 +162,12 @@ def test_kink_makes_finite_differences_unreliable_not_a_failure():
     assert "kink" in report.tensors[0].note
 
 
+def test_a_width_below_the_default_heads_is_a_size_of_rows_without_heads(capsys):
+    """D = 1 with the default H = 2: no head width P (it was 0, refused as a size)."""
+    assert main(["--layer", "linear", "--sizes", "D=1", "--dtype", "float64"]) == 0
+    assert "1 of 1 layer checks agree" in capsys.readouterr().out
+
+
 def test_checker_never_touches_the_global_rng_and_is_deterministic():
     np.random.seed(1234)
     before = np.random.get_state()

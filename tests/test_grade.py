@@ -67,3 +67,27 @@ def test_docs_grade_table_is_recomputed_for_one_row():
     for documented, now in ((hand, g.hand), (xla, g.xla), (ratio, g.ratio)):
         assert 0.5 <= now / documented <= 2.0, (cells, g)
     assert markdown_table(text, "layer")  # the section holds the table
+
+
+def _raising(dy, cache):
+    raise RuntimeError("not written yet")
+
+
+def test_a_kernel_that_raises_is_a_row_without_a_grade_not_a_traceback():
+    g = grade.grade(BY_NAME["linear"], "float32", seeds=1, backward=_raising)
+    assert g.error == "the hand kernel raised RuntimeError: not written yet"
+    table, summary = grade.format_grades([g]), grade.summary([g])
+    assert "no grade" in table and "RuntimeError: not written yet" in table
+    assert summary == "linear float32: no grade: the hand kernel raised RuntimeError: not written yet"
+
+
+def test_sensitivity_of_a_check_whose_backward_raises_is_a_failed_baseline():
+    """The check stops where the backward raises: its report is the one run returned, and
+    every pattern is reported as a correct kernel that failed, not an AttributeError."""
+    from checks import sensitivity
+    from checks.registry import layer_check
+    check = layer_check(BY_NAME["linear"], np.float64, backward=_raising)
+    report = check.run()
+    assert report.error_in == "backward" and check.report() is report
+    measured = sensitivity.measure(check)
+    assert measured and all(not m.baseline_ok and m.eps == float("inf") for m in measured)

@@ -124,6 +124,44 @@ def test_usage_errors(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
+USER_MODULE = """
+import numpy as np
+import jax.numpy as jnp
+from checks.registry import Row
+
+
+def double_forward(x, params):
+    return 2 * x, x
+
+
+def double_backward(dy, cache):
+    return {backward}, {{}}
+
+
+ROWS = [Row("double", double_forward, double_backward, lambda x, params: 2 * x,
+            lambda rng, dt, s: ([rng.standard_normal((s["B"], s["T"], s["D"])).astype(dt)], {{}}))]
+"""
+
+
+@pytest.mark.parametrize("backward, message", [
+    ("dy * 1.0", "double_backward: the unmutated backward fails its own check (row double, "
+                 "float64, failing: x), so every mutant of it would count as caught"),
+    ("undefined_name", "double: its forward or backward raises before any mutation "
+                       "(NameError: name 'undefined_name' is not defined)"),
+    ("2 * (dy", "could not be imported: SyntaxError"),
+    ("np.missing(dy)", "raises before any mutation (AttributeError"),
+])
+def test_a_users_module_that_is_wrong_before_any_mutation_is_one_line(backward, message,
+                                                                      tmp_path, capsys):
+    """A backward that fails its own check would score every mutant 'caught'; one that raises,
+    or a module that does not import, is a one-line usage error, not a traceback."""
+    path = tmp_path / f"layers_{abs(hash(backward))}.py"
+    path.write_text(USER_MODULE.format(backward=backward))
+    assert main(["mutate", "--module", str(path), "--dtype", "float64"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
 def test_wrong_tensor_takes_a_same_shaped_local_defined_above():
     source = Source("demo", "def f_backward(dy, cache):\n"
                             "    a, b, w = cache\n"
