@@ -179,7 +179,7 @@ def bands(projection_rms, element_rms, g, moved, *, floor_u, final_u, policy,
         # below the format's normal range its rounding is absolute, not relative: an element
         # of autodiff's 2.3e-7 is 1.8e-7 in float16, whose subnormals are 6e-8 apart
         subnormal = tiny * slice_sums(np.abs(g)) / g2
-        inner = policy.BIAS_LAMBDA * sigma + policy.BIAS_ULPS * floor_u + kink
+        inner = policy.bias_lambda(dtype) * sigma + policy.BIAS_ULPS * floor_u + kink
         band = inner + final_u + subnormal
         # a set carried by a few elements (a slice of one element, a dominant class's logit, a
         # peaked attention row) pools nothing: its errors are the element-wise rule's to judge,

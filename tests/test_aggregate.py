@@ -7,7 +7,7 @@ import pytest
 
 import kernels
 import reference
-from checks import aggregate, tolerances
+from checks import aggregate, check_layer, tolerances
 from checks.engine import LayerCheck
 from checks.verdict import Kind
 
@@ -299,3 +299,53 @@ def test_a_tensor_failing_by_its_bias_alone_shows_the_bias_ratio_not_a_passing_o
     t.score = 1.5
     assert "1.50  " in str(Report("linear", "float32", 2e-7, 0.25, True, [t]))
     assert "1.5x its tolerance" in failure_line("linear", "float32", t)
+
+
+ROOT_2_OVER_PI, CUBIC = np.sqrt(2.0 / np.pi), 0.044715
+
+
+def gelu_mlp_forward(x, params):
+    """A user's tanh-GELU MLP, as written apart from the lab: x W1 + b1, GELU, W2 + b2."""
+    h = x @ params["W1"] + params["b1"]                            # (B, T, F)
+    t = np.tanh(ROOT_2_OVER_PI * (h + CUBIC * h ** 3))             # (B, T, F)
+    a = 0.5 * h * (1 + t)                                          # (B, T, F)
+    return a @ params["W2"] + params["b2"], (x, h, t, a, params)
+
+
+def gelu_mlp_backward(dy, cache):
+    x, h, t, a, params = cache
+    D, F = params["W1"].shape
+    da = dy @ params["W2"].T                                       # (B, T, F)
+    dh = da * (0.5 * (1 + t) + 0.5 * h * (1 - t ** 2) * ROOT_2_OVER_PI * (1 + 3 * CUBIC * h ** 2))
+    return dh @ params["W1"].T, {"W1": x.reshape(-1, D).T @ dh.reshape(-1, F),
+                                 "b1": dh.reshape(-1, F).sum(0),
+                                 "W2": a.reshape(-1, F).T @ dy.reshape(-1, D),
+                                 "b2": dy.reshape(-1, D).sum(0)}
+
+
+def gelu_mlp_oracle(x, params):
+    import jax
+    h = x @ params["W1"] + params["b1"]
+    return jax.nn.gelu(h, approximate=True) @ params["W2"] + params["b2"]
+
+
+@pytest.mark.parametrize("seed", [214, 216, 240, 277])
+def test_a_correct_float64_gelu_mlp_is_no_false_alarm_of_the_aggregate_test(seed):
+    """Seeds where this correct float64 kernel failed by its bias alone (1.03-1.45 bands, every
+    element within 0.6 of its tolerance): the reference is itself a float64 run, its tanh off
+    by up to 2 ulp, so the model's spreads are not cut to correctly rounded ones in float64
+    (``Policy.bias_lambda``).  Plain standard normal inputs and parameters, B 2, T 5, D 4, F 6."""
+    rng = np.random.default_rng(seed)
+    n = lambda *shape: rng.standard_normal(shape)
+    x = n(2, 5, 4)
+    params = {"W1": n(4, 6), "b1": n(6), "W2": n(6, 4), "b2": n(4)}
+    report = check_layer(gelu_mlp_forward, gelu_mlp_backward, gelu_mlp_oracle, [x], params,
+                         name="mlp")
+    assert report.ok, str(report)
+    assert max(t.bias_score for t in report.tensors) < 1
+
+
+def test_the_bias_band_of_a_float64_check_is_not_cut_to_correctly_rounded_spreads():
+    p = tolerances.DEFAULT
+    assert p.bias_lambda(np.float64) == pytest.approx(p.BIAS_LAMBDA * np.sqrt(3))
+    assert p.bias_lambda(np.float32) == p.BIAS_LAMBDA and p.bias_lambda(None) == p.BIAS_LAMBDA
