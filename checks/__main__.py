@@ -370,7 +370,8 @@ def parser_for(command):
                    help="check only this layer (repeatable)")
     p.add_argument("--seed", type=int, default=0, help="seed of inputs and directions")
     p.add_argument("--fd", choices=FD_SCHEMES, default="central",
-                   help="finite differences: central (default), richardson, complex")
+                   help="finite differences: central (default), richardson, complex, none "
+                        "(hand against autodiff only)")
     p.add_argument("--sizes", type=_sizes, default=None,
                    help="other sizes for the rows, e.g. T=1,B=3 (names: "
                         + ", ".join(_all_size_names()) + "; a row may declare its own)")
@@ -393,4 +394,9 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except BrokenPipeError:  # the output's reader stopped early (| head): no traceback
+        import os
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)

@@ -193,6 +193,10 @@ class LayerCheck:
                             f"{{}} for none), got {type(self.params).__name__}")
         contract.hand_arrays(self.names, self.inputs, self.params)
         contract.named_sizes(self.sizes)
+        lengths = {int(n) for a in [*self.inputs, *self.params.values()] for n in np.shape(a)}
+        unmatched = [f"{k} = {v}" for k, v in (self.sizes or {}).items() if v not in lengths]
+        if unmatched:  # most likely a size given for another case: it names nothing here
+            self.notes.append(Note(Finding.SIZES_UNMATCHED, (("sizes", ", ".join(unmatched)),)))
         self.host_inputs = [np.asarray(to_numpy(x)) for x in self.inputs]
         self.host_params = {k: np.asarray(to_numpy(v)) for k, v in self.params.items()}
         known = set(self.names) | set(self.host_params)
@@ -204,6 +208,13 @@ class LayerCheck:
             + list(self.host_params.values())
         self.floats = floats
         self.dtype = floats[0].dtype if floats else np.dtype(np.float64)
+        named = [(n, x) for n, x in zip(self.names, self.host_inputs)
+                 if tolerances.is_float(x.dtype)] \
+            + [(f"params[{k!r}]", v) for k, v in self.host_params.items()]
+        mixed = [f"{n} is {x.dtype}" for n, x in named if x.dtype != self.dtype]
+        if mixed:  # the check is of the first float tensor's format
+            self.notes.append(Note(Finding.MIXED_FORMATS, (
+                ("dtype", str(self.dtype)), ("first", named[0][0]), ("mixed", ", ".join(mixed)))))
         self.u = tolerances.unit_roundoff(self.dtype)
         self.diff_idx = [i for i, x in enumerate(self.host_inputs)
                          if tolerances.is_float(x.dtype) and i not in self.nondiff]
@@ -864,7 +875,8 @@ def _score(a, ref, tol):
         return 0.0
     if not (np.all(np.isfinite(a)) and np.all(np.isfinite(ref))):
         return math.inf
-    return float(np.max(np.abs(a - ref) / tol))
+    with np.errstate(over="ignore"):  # an error over a tolerance of a few subnormals: inf
+        return float(np.max(np.abs(a - ref) / tol))
 
 
 class Judge:
@@ -900,7 +912,9 @@ class Judge:
         result.tol = float(np.max(self.tol)) / scale if scale > 0 else math.inf
         self.last_hand = None
         if hand is None:
-            result.verdict = Verdict(Kind.NO_GRADIENT)
+            result.verdict = Verdict(Kind.NO_GRADIENT, (
+                f"if input {self.key} takes none (a mask, a float table), declare it: "
+                f"nondiff=({self.key},)") if isinstance(self.key, int) else "")
             return result, None, None, False, None
         hand = np.asarray(to_numpy(hand))
         if not tolerances.is_float(hand.dtype):

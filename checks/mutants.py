@@ -68,13 +68,16 @@ class Mutant:
     line: int            # the line of the module the mutation is on
     before: str          # the source of the mutated node
     after: str           # what replaces it
+    column: int = -1     # where on the line the node starts (0-based; -1: the line as a whole)
 
     @property
     def label(self) -> str:
         return f"{self.function}#{self.index}"
 
     def describe(self) -> str:
-        return f"{self.operator}: line {self.line}: `{self.before}` -> `{self.after}`"
+        """One line; two mutants of one name on one line differ by their column."""
+        at = f"line {self.line}" + (f", column {self.column + 1}" if self.column >= 0 else "")
+        return f"{self.operator}: {at}: `{self.before}` -> `{self.after}`"
 
 
 # --- what is data and what is shape ------------------------------------------------------------
@@ -573,7 +576,7 @@ class Source:
             _replace_child(_parents(f)[id(node)], node, new)
             after = "(deleted)" if new is None else ast.unparse(new)
             yield Mutant(self.name, function, index, site.operator, node.lineno,
-                         ast.unparse(node), after), tree
+                         ast.unparse(node), after, node.col_offset), tree
             index += 1
         for a, b in swaps:
             tree = copy.deepcopy(self.tree)
@@ -593,7 +596,7 @@ class Source:
             before = ast.unparse(node)
             node.attr = other
             yield Mutant(self.name, function, index, "wrong cached", node.lineno, before,
-                         ast.unparse(node)), tree
+                         ast.unparse(node), node.col_offset), tree
             index += 1
         for node_index, other in _wrong_tensors(func, self.shapes.get(function, {})):
             tree = copy.deepcopy(self.tree)
@@ -602,7 +605,7 @@ class Source:
             before = node.id
             node.id = other
             yield Mutant(self.name, function, index, "wrong tensor", node.lineno, before,
-                         other), tree
+                         other, node.col_offset), tree
             index += 1
 
     def tree_of(self, mutant: Mutant) -> ast.Module:

@@ -376,7 +376,8 @@ def select(module=None, kernels=None, operators=None, limit=None, sizes=None) ->
     chosen = []
     known = set()
     for target in targets(module):
-        short = target.source.name.rsplit(".", 1)[-1].removesuffix(".py")
+        name = target.source.name  # a module (kernels.attention) or a file (my_layers.py)
+        short = pathlib.Path(name).stem if name.endswith(".py") else name.rsplit(".", 1)[-1]
         for function in target.backwards():
             known |= {function, short}
             if kernels and function not in kernels and short not in kernels:

@@ -107,7 +107,7 @@ def failure_line(layer: str, dtype: str, t: TensorResult) -> str:
                 f"({t.score:.3g}x) but biased along autodiff's gradient {t.bias_score:.3g}x "
                 f"the aggregate test's band (FD agrees with autodiff)")
     elif kind is Kind.HAND_WRONG:
-        body = (f"hand vs autodiff {t.hand_vs_autodiff:.1e}, {t.score:.3g}x its tolerance "
+        body = (f"hand vs autodiff {t.hand_vs_autodiff:.1e}, {_times(t.score)} "
                 f"(FD agrees with autodiff)")
     elif kind in BLAMES_ORACLE:
         body = f"autodiff vs FD {t.autodiff_vs_fd:.1e} (FD agrees with hand): the oracle is wrong"
@@ -125,6 +125,15 @@ def failure_line(layer: str, dtype: str, t: TensorResult) -> str:
 def _ratio(x: float) -> str:
     """An err/tol column entry: two decimals, or three digits and an exponent from 1000 on."""
     return f"{x:.2f}" if not x >= 1000 else f"{x:.3g}"
+
+
+def _times(score: float) -> str:
+    """'Nx its tolerance' of a hand gradient; an infinite ratio of finite values is an error
+    where autodiff's value and its rounding are exactly 0 (the tolerance there is a few of the
+    format's smallest numbers, and the ratio overflows)."""
+    if math.isinf(score):
+        return "beyond its tolerance where autodiff's value is exactly 0"
+    return f"{score:.3g}x its tolerance"
 
 
 def _by_bias(t: TensorResult) -> bool:

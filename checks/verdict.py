@@ -65,6 +65,12 @@ class Finding(enum.Enum):
     KINKS_UNNEEDED = ("{flipped} predicate elements within rounding of a kink: every element "
                       "agreed within the tolerances without either branch's allowance, so the "
                       "moves of their branches were not run")
+    SIZES_UNMATCHED = ("sizes {sizes}: no axis of the inputs or parameters has that length, so "
+                       "no scale factor is named by it (a size of another case?)")
+    MIXED_FORMATS = ("the inputs and parameters are not all {dtype} ({mixed}): the check "
+                     "judges {dtype}, the format of {first}, the first of them, and the kernel "
+                     "computes in the wider format wherever it reads a wider tensor; cast every "
+                     "float input and parameter to the format you mean to check")
     ARRANGEMENT = ("the oracle differentiates through a max (or min) that its maths does not "
                    "depend on, a stable formula's shift without stop_gradient: that path "
                    "carries no gradient but rounds otherwise, so each element is also judged "

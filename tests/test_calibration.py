@@ -28,9 +28,9 @@ def _generated(doc, name, command, formats, line):
     rows = sorted({row for row, _ in missing})
     assert not missing, (
         f"docs/{doc} has no generated '{name}' entry for " + ", ".join(
-            f"{r} {d}" for r, d in missing) + "; write them with: python -m checks "
-        + command + "".join(f" --layer {r}" for r in rows)
-        + "".join(f" --dtype {d}" for d in formats) + " --write-docs")
+            f"{r} {d}" for r, d in missing) + "; write every generated entry of these rows "
+        "(calibration and sensitivity, the four formats) with: python -m checks docs"
+        + "".join(f" --layer {r}" for r in rows))
     return text
 
 

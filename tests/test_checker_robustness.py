@@ -292,4 +292,53 @@ def test_sizes_that_name_no_positive_integer_are_refused(sizes, error):
         with pytest.raises(ValueError, match="sizes: expected names .* of positive integers, "
                                              "got " + error):
             check_layer(*args, sizes=sizes)
-    assert check_layer(*args, sizes={"B": 3, "T": np.int64(4)}).ok
+    good = check_layer(*args, sizes={"B": 3, "T": np.int64(4)})
+    assert good.ok and not any(n.finding is Finding.SIZES_UNMATCHED for n in good.notes)
+    other = check_layer(*args, sizes={"B": 3, "T": 8, "Q": 7})   # the case's T is 4
+    assert any(n.finding is Finding.SIZES_UNMATCHED and "T = 8, Q = 7" in str(n)
+               for n in other.notes), other.notes
+
+
+def test_an_error_where_autodiff_is_exactly_zero_is_said_so_without_a_warning(recwarn):
+    """Max pooling with the gradient sent to every token: autodiff's gradient is exactly 0 off
+    the argmax, its tolerance a few subnormals, and the ratio overflows: the failure line says
+    where the error is instead of 'infx', and no overflow warning reaches the user."""
+    from checks.report import failure_line
+
+    def pool_forward(x, params):
+        return x.max(1), x
+
+    def to_every_token(dy, x):
+        return np.repeat(dy[:, None, :], x.shape[1], axis=1), {}
+    x = np.random.default_rng(0).standard_normal((2, 5, 4))
+    report = check_layer(pool_forward, to_every_token, lambda x, p: x.max(1), [x], {})
+    (t,) = report.tensors
+    assert not report.ok and t.verdict.kind is Kind.HAND_WRONG, str(report)
+    assert "beyond its tolerance where autodiff's value is exactly 0" in \
+        failure_line("pool", "float64", t)
+    assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)
+                and "overflow" in str(w.message)]
+
+
+def test_mixed_formats_and_a_mask_without_nondiff_are_named():
+    """float32 inputs with a float64 parameter: a finding names the wider tensor; a float mask
+    the backward gives no gradient: the failure says how to declare it."""
+    x, params = case(np.float32)
+    report = check(dtype=np.float32, **{})  # the plain case: one format
+    assert not any(n.finding is Finding.MIXED_FORMATS for n in report.notes)
+    mixed = check_layer(kernels.linear_forward, kernels.linear_backward, reference.linear, [x],
+                        {**params, "b": params["b"].astype(np.float64)}, name="linear")
+    assert any(n.finding is Finding.MIXED_FORMATS and "params['b'] is float64" in str(n)
+               for n in mixed.notes), mixed.notes
+
+    def masked_sum(x, mask, params):
+        return (x * mask[..., None]).sum(1), mask
+
+    def masked_sum_backward(dy, mask):
+        return (dy[:, None, :] * mask[..., None], None), {}
+    mask = (np.random.default_rng(1).random((3, 4)) < 0.5).astype(np.float64)
+    args = (masked_sum, masked_sum_backward,
+            lambda x, m, p: (x * m[..., None]).sum(1), [x.astype(np.float64), mask], {})
+    report = check_layer(*args)
+    assert not report.ok and "declare it: nondiff=(1,)" in str(report), str(report)
+    assert check_layer(*args, nondiff=(1,)).ok

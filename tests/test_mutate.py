@@ -30,6 +30,21 @@ def test_linear_mutants_are_the_expected_mistakes():
     assert [m.index for m in linear] == list(range(len(linear)))
 
 
+def test_two_mutants_of_one_name_on_one_line_are_told_apart_by_their_column(tmp_path):
+    """A name read twice on a line gives two mutants of the same words: their descriptions
+    differ by where on the line each starts."""
+    path = tmp_path / "sigmoid_layer.py"
+    path.write_text("def sigmoid_backward(dy, cache):\n"
+                    "    s = cache.s\n"
+                    "    return 0.5 * dy * (1 - s) + 0.5 * dy * s, {}\n")
+    mutants = Source.of_file(path).mutants("sigmoid_backward")
+    halves = [m for m in mutants if m.before == "0.5" and m.line == 3]
+    assert len(halves) >= 2 and len({m.describe() for m in halves}) == len(halves), \
+        [m.describe() for m in halves]
+    described = [m.describe() for m in mutants]
+    assert len(set(described)) == len(described), described
+
+
 def test_a_mutant_runs_in_a_fresh_namespace_and_leaves_the_kernel_alone():
     source = Source.of_module(kernels.linear)
     text = pathlib.Path(kernels.linear.__file__).read_text()
@@ -118,6 +133,8 @@ def test_a_users_module(capsys):
 @pytest.mark.parametrize("argv, message", [
     (["mutate", "--kernel", "nope_backward"], "no backward named nope_backward"),
     (["mutate", "--limit", "0"], "--limit: expected a positive integer"),
+    (["mutate", "--module", str(EXAMPLE), "--kernel", "nope"],   # a file's module is its stem
+     "known: glu_backward, my_layers, softcap_backward"),
 ])
 def test_usage_errors(argv, message, capsys):
     assert main(argv) == 2
