@@ -90,14 +90,10 @@ def constants_from(sizes: dict | None, static: dict, shapes) -> list:
     """Scale factors of this case, most plausible first, each (value, label, meaning): small
     numbers, the static rates r (1 - r ...), then the case's own sizes: the declared sizes
     that are axis lengths of its tensors (a default the case overrides is no size of it), their
-    products B·T, square roots and inverses, then unnamed axis lengths.  A small number that
-    is also a declared size says so: "1/2 (= 1/B)"."""
+    products B·T, square roots and inverses, then unnamed axis lengths.  A small number is
+    named as the number even where a size has its value (B = 2 in the zoo: the 0.5 of GELU
+    dropped is no mean over B)."""
     out = [(v, label, "") for v, label in SMALL]
-    same = _sizes_of(sizes, shapes)
-    out = [(v, label + (f" (= {'-' if v < 0 else ''}{'1/' if abs(v) < 1 else ''}"
-                        f"{same[round(max(abs(v), 1 / abs(v)))]})"
-                        if round(max(abs(v), 1 / abs(v))) in same else ""), m)
-           for v, label, m in out]
     for label, r in static.items():
         if isinstance(r, float) and 0 < r < 1:
             out += [(r, label, ""), (1 / r, f"1/{label}", ""), (1 - r, f"1 - {label}", ""),
@@ -125,17 +121,6 @@ def constants_from(sizes: dict | None, static: dict, shapes) -> list:
         out += [(float(n), label, ""), (1.0 / n, f"1/{wrap}", ""),
                 (math.sqrt(n), f"sqrt({label})", ""), (1 / math.sqrt(n), f"1/sqrt({label})", "")]
     return out
-
-
-def _sizes_of(sizes, shapes) -> dict:
-    """length -> the declared size names of that length ("T or D"), for lengths of the case's
-    tensors."""
-    lengths = {int(n) for shape in shapes for n in shape if n > 1}
-    names = {}
-    for k, v in (sizes or {}).items():
-        if isinstance(v, (int, np.integer)) and v > 1 and int(v) in lengths:
-            names.setdefault(int(v), []).append(k)
-    return {v: " or ".join(ks) for v, ks in names.items()}
 
 
 def _broadcast_constants(shape, out_shape, names_of):
@@ -173,8 +158,7 @@ def _constant(c, constants, rel):
     for entry in constants:
         value, label = entry[0], entry[1]
         if abs(c - value) <= rel * abs(value):
-            number = label.split(" (= ")[0]  # "1/2 (= 1/B)": a small number that is a size
-            simple = number.lstrip("-").replace("/", "").replace(".", "").isdigit()
+            simple = label.lstrip("-").replace("/", "").replace(".", "").isdigit()
             return (label if simple else f"{label} = {value:.4g}"), \
                 (entry[2] if len(entry) > 2 else "")
     return f"{_number(c)} (not a constant of this case)", ""
