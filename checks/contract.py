@@ -54,6 +54,11 @@ def hand_arrays(names, inputs, params) -> None:
                         f"as written; pass numpy.asarray(x) (the oracle gets its own copy)")
 
 
+def axis_lengths(arrays) -> set:
+    """Every axis length of the given arrays: what a named size of their case can be."""
+    return {int(n) for a in arrays for n in np.shape(a)}
+
+
 def named_sizes(sizes) -> None:
     """``sizes``: None or a dict of names (str) to positive integers."""
     if sizes is None:

@@ -193,7 +193,7 @@ class LayerCheck:
                             f"{{}} for none), got {type(self.params).__name__}")
         contract.hand_arrays(self.names, self.inputs, self.params)
         contract.named_sizes(self.sizes)
-        lengths = {int(n) for a in [*self.inputs, *self.params.values()] for n in np.shape(a)}
+        lengths = contract.axis_lengths([*self.inputs, *self.params.values()])
         unmatched = [f"{k} = {v}" for k, v in (self.sizes or {}).items() if v not in lengths]
         if unmatched:  # most likely a size given for another case: it names nothing here
             self.notes.append(Note(Finding.SIZES_UNMATCHED, (("sizes", ", ".join(unmatched)),)))
@@ -419,8 +419,7 @@ class LayerCheck:
             self.notes.append(Note(Finding.NO_FINITE_DIFFERENCES))
         self.results = []
         hands = {}
-        for key in list(self.diff_idx) + list(self.params):
-            tname = self.names[key] if isinstance(key, int) else key
+        for key, tname in self._tensor_keys():
             x = self.inputs64[key] if isinstance(key, int) else self.params64[key]
             g_auto = self.auto_in[key] if isinstance(key, int) else self.auto_params[key]
             spread = self._spread_of(key)
@@ -683,7 +682,7 @@ class LayerCheck:
             except Exception:  # noqa: BLE001  (no second arrangement: judged as before)
                 return False
         allowed, counts = {}, []
-        for key, judge in self._tensor_keys():
+        for key, name in self._tensor_keys():
             g = self.auto_in[key] if isinstance(key, int) else self.auto_params[key]
             g_other = g_in[key] if isinstance(key, int) else g_params[key]
             tol = self._tol(self._spread_of(key), g) + self._moved(key)
@@ -696,7 +695,7 @@ class LayerCheck:
                 allowed[key] = extra
             n = int(np.count_nonzero(extra > tol))  # where the tolerance more than doubles
             if n:
-                counts.append(f"{n} of {judge}")
+                counts.append(f"{n} of {name}")
         self.arranged = allowed
         self._arranged_where = ", ".join(counts) or "none of them more than doubled"
         return bool(allowed)
@@ -913,7 +912,7 @@ class Judge:
         self.last_hand = None
         if hand is None:
             result.verdict = Verdict(Kind.NO_GRADIENT, (
-                f"if input {self.key} takes none (a mask, a float table), declare it: "
+                f"if {self.name} takes none (a mask, a float table), declare it: "
                 f"nondiff=({self.key},)") if isinstance(self.key, int) else "")
             return result, None, None, False, None
         hand = np.asarray(to_numpy(hand))

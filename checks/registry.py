@@ -18,6 +18,7 @@ import numpy as np
 
 import kernels
 import reference
+from checks import contract
 from kernels import model as whole_model
 
 # Small enough that every tensor also gets an element-wise finite-difference check, with S != T
@@ -253,7 +254,7 @@ def layer_check(row, dtype, *, seed=0, sizes=None, xp=np, fd="central", backward
     inputs = [xp.asarray(x) for x in inputs]
     params = {k: xp.asarray(v) for k, v in params.items()}
     # the sizes the case has: the registry's defaults name every size any row uses
-    lengths = {int(n) for a in [*inputs, *params.values()] for n in np.shape(a)}
+    lengths = contract.axis_lengths([*inputs, *params.values()])
     named = {k: v for k, v in named_sizes(sizes, row).items() if v in lengths}
     return LayerCheck(row.forward, backward or row.backward, row.oracle, inputs, params,
                       static=static, nondiff=row.nondiff, seed=seed, name=row.name,

@@ -39,7 +39,10 @@ def test_the_arrangement_has_the_same_forward_and_the_derivative_with_the_max_he
     dy = jnp.asarray(np.random.default_rng(1).standard_normal(x.shape))
     g_held = jax.vjp(lambda x: held(x, {}), x)[1](dy)[0]
     g_nn = jax.vjp(lambda x: jax.nn.softmax(x, axis=-1), x)[1](dy)[0]
-    np.testing.assert_allclose(g_held, g_nn, rtol=0, atol=1e-15)   # float64 rounding apart
+    # the same derivative, arranged alike up to float64 rounding: a few u of the largest
+    # element, where the path through the max (autodiff of the plain formula) differs by 1
+    scale = float(jnp.max(jnp.abs(g_nn)))
+    np.testing.assert_allclose(g_held, g_nn, rtol=0, atol=64 * 2.0 ** -53 * scale)
 
 
 @pytest.mark.parametrize("dtype, seed", [(np.float64, 1026), (np.float32, 1012)])

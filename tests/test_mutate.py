@@ -172,7 +172,7 @@ def test_a_users_module_that_is_wrong_before_any_mutation_is_one_line(backward, 
                                                                       tmp_path, capsys):
     """A backward that fails its own check would score every mutant 'caught'; one that raises,
     or a module that does not import, is a one-line usage error, not a traceback."""
-    path = tmp_path / f"layers_{abs(hash(backward))}.py"
+    path = tmp_path / "double_layer.py"
     path.write_text(USER_MODULE.format(backward=backward))
     assert main(["mutate", "--module", str(path), "--dtype", "float64"]) == 2
     err = capsys.readouterr().err
